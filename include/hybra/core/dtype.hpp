@@ -1,0 +1,115 @@
+#pragma once
+// The five element types and their promotion rules. The rules are written
+// once, over C++ types (promote_t), and the run-time DType version is derived
+// from them, so fused kernels and shape/dtype inference cannot disagree.
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include "error.hpp"
+
+namespace hybra {
+
+enum class DType : std::uint8_t { float32, float64, int32, int64, uint8 };
+
+template <class T>
+inline constexpr bool is_dtype_v =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
+    std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint8_t>;
+
+template <class T>
+struct dtype_of {
+  static_assert(is_dtype_v<T>,
+                "hybra: this C++ type is not a hybra dtype; use float, double, std::int32_t, "
+                "std::int64_t or std::uint8_t");
+};
+template <> struct dtype_of<float> { static constexpr DType value = DType::float32; };
+template <> struct dtype_of<double> { static constexpr DType value = DType::float64; };
+template <> struct dtype_of<std::int32_t> { static constexpr DType value = DType::int32; };
+template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::int64; };
+template <> struct dtype_of<std::uint8_t> { static constexpr DType value = DType::uint8; };
+template <class T>
+inline constexpr DType dtype_of_v = dtype_of<T>::value;
+
+constexpr std::string_view name(DType d) {
+  switch (d) {
+    case DType::float32: return "float32";
+    case DType::float64: return "float64";
+    case DType::int32: return "int32";
+    case DType::int64: return "int64";
+    case DType::uint8: return "uint8";
+  }
+  return "invalid";
+}
+
+constexpr std::size_t size_of(DType d) {
+  switch (d) {
+    case DType::float32: return 4;
+    case DType::float64: return 8;
+    case DType::int32: return 4;
+    case DType::int64: return 8;
+    case DType::uint8: return 1;
+  }
+  return 0;
+}
+
+template <class T> struct type_tag { using type = T; };
+
+// Calls f(type_tag<T>{}) with the C++ type of d.
+template <class F>
+decltype(auto) dispatch(DType d, F&& f) {
+  switch (d) {
+    case DType::float32: return f(type_tag<float>{});
+    case DType::float64: return f(type_tag<double>{});
+    case DType::int32: return f(type_tag<std::int32_t>{});
+    case DType::int64: return f(type_tag<std::int64_t>{});
+    case DType::uint8: return f(type_tag<std::uint8_t>{});
+  }
+  fail<DTypeError>("invalid dtype code ", static_cast<int>(d));
+}
+
+// Promotion of two operands. A "weak" operand is a C++ scalar: it never
+// widens a tensor's dtype, except that a floating scalar turns an integer
+// tensor into float32 (PyTorch's rule). Two tensors promote as follows:
+// same -> same; integers widen (uint8 < int32 < int64); integer with a float
+// gives that float; float32 with float64 gives float64.
+namespace detail {
+template <class A, class B>
+struct promote_strong {
+  using type = std::conditional_t<
+      std::is_floating_point_v<A> != std::is_floating_point_v<B>,
+      std::conditional_t<std::is_floating_point_v<A>, A, B>,
+      std::conditional_t<(sizeof(A) >= sizeof(B)), A, B>>;
+};
+template <class T, class S>
+using promote_weak_t = std::conditional_t<std::is_integral_v<T> && std::is_floating_point_v<S>, float, T>;
+}  // namespace detail
+
+template <class A, bool WeakA, class B, bool WeakB>
+struct promote {
+  using type = typename detail::promote_strong<A, B>::type;
+};
+template <class A, class B>
+struct promote<A, false, B, true> { using type = detail::promote_weak_t<A, B>; };
+template <class A, class B>
+struct promote<A, true, B, false> { using type = detail::promote_weak_t<B, A>; };
+template <class A, class B>
+struct promote<A, true, B, true> { using type = std::common_type_t<A, B>; };
+template <class A, bool WeakA, class B, bool WeakB>
+using promote_t = typename promote<A, WeakA, B, WeakB>::type;
+
+// The floating type an integer operand is computed in by exp, log, /, ...
+template <class T>
+using floating_t = std::conditional_t<std::is_floating_point_v<T>, T, float>;
+
+inline DType promote_types(DType a, DType b) {
+  return dispatch(a, [&](auto ta) {
+    return dispatch(b, [&](auto tb) {
+      return dtype_of_v<promote_t<typename decltype(ta)::type, false, typename decltype(tb)::type, false>>;
+    });
+  });
+}
+
+inline bool is_floating(DType d) { return d == DType::float32 || d == DType::float64; }
+
+}  // namespace hybra

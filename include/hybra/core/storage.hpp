@@ -1,0 +1,39 @@
+#pragma once
+// A reference-counted, 64-byte aligned buffer on one device.
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "device.hpp"
+#include "error.hpp"
+
+namespace hybra {
+
+class Storage {
+ public:
+  static constexpr std::size_t alignment = 64;
+
+  Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
+    if (device.kind != DeviceKind::cpu)
+      fail<DeviceError>("allocate: device ", device, " is not available in this build; use cpu(i)");
+    std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    if (rounded < bytes) fail<OutOfMemory>("allocate: ", bytes, " bytes overflow the address space on ", device);
+    data_ = std::aligned_alloc(alignment, rounded ? rounded : alignment);
+    if (!data_) fail<OutOfMemory>("allocate: out of memory allocating ", bytes, " bytes on ", device);
+  }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() { std::free(data_); }
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_;
+  Device device_;
+};
+
+}  // namespace hybra

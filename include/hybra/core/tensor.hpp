@@ -1,0 +1,113 @@
+#pragma once
+// Tensor: a handle to a (possibly strided) view of a Storage, like MXNet's
+// NDArray. Copying a Tensor shares the data; copy() makes a deep copy.
+#include <boost/yap/algorithm_fwd.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "device.hpp"
+#include "dtype.hpp"
+#include "shape.hpp"
+#include "storage.hpp"
+
+namespace hybra {
+
+template <class E>
+concept yap_expression = boost::yap::is_expr<std::remove_cvref_t<E>>::value;
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // An uninitialised tensor of the given shape.
+  Tensor(const Shape& shape, DType dtype = DType::float32, Device device = cpu())
+      : shape_(shape), strides_(contiguous_strides(shape)), dtype_(dtype) {
+    auto n = static_cast<std::size_t>(checked_numel(shape, "Tensor"));
+    if (n > std::numeric_limits<std::size_t>::max() / size_of(dtype))
+      fail<OutOfMemory>("Tensor: shape ", to_string(shape), " of ", name(dtype), " exceeds the address space");
+    try {
+      storage_ = std::make_shared<Storage>(n * size_of(dtype), device);
+    } catch (const OutOfMemory& e) {
+      fail<OutOfMemory>(e.what(), " for a tensor of shape ", to_string(shape), " and dtype ", name(dtype));
+    }
+  }
+
+  // Evaluates a whole expression in one fused pass (expr/evaluate.hpp).
+  template <yap_expression E>
+  Tensor(E&& e);  // NOLINT(google-explicit-constructor): `Tensor c = a * b + 2;`
+  template <yap_expression E>
+  Tensor& operator=(E&& e);
+  // Writes an expression's values into this tensor's existing storage
+  // (broadcast to this shape, converted to this dtype).
+  template <class E>
+  Tensor& assign(E&& e);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  const Strides& strides() const { return strides_; }
+  std::int64_t offset() const { return offset_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  std::int64_t size() const { return checked_numel(shape_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return require("device").storage_->device(); }
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+  bool is_contiguous() const { return strides_ == contiguous_strides(shape_) || size() <= 1; }
+
+  // Address of element 0 (the view's origin), for any layout.
+  void* raw_data() const {
+    auto& s = require("raw_data");
+    return static_cast<char*>(s.storage_->data()) + offset_ * static_cast<std::int64_t>(size_of(dtype_));
+  }
+
+  // Typed pointer to contiguous data; T must be this tensor's dtype.
+  template <class T>
+  T* data() const {
+    static_assert(is_dtype_v<T>, "hybra::Tensor::data<T>: T must be float, double, std::int32_t, std::int64_t or std::uint8_t");
+    if (dtype_of_v<T> != dtype_)
+      fail<DTypeError>("data<", name(dtype_of_v<T>), ">: tensor has dtype ", name(dtype_));
+    if (!is_contiguous())
+      fail<ValueError>("data: tensor of shape ", to_string(shape_), " is a non-contiguous view; call contiguous() first");
+    return static_cast<T*>(raw_data());
+  }
+
+  // Values in row-major order, converted to T.
+  template <class T>
+  std::vector<T> to_vector() const;
+  template <class T>
+  T item() const {
+    if (size() != 1) fail<ShapeError>("item: tensor of shape ", to_string(shape_), " has ", size(), " elements, not 1");
+    return to_vector<T>()[0];
+  }
+
+  Tensor copy() const;         // a contiguous deep copy
+  Tensor contiguous() const;   // this, or a contiguous copy of a view
+  Tensor astype(DType d) const;
+
+  // A view sharing this tensor's storage (used by reshape, transpose, slice).
+  Tensor view(const Shape& shape, const Strides& strides, std::int64_t offset) const {
+    require("view");
+    Tensor t = *this;
+    t.shape_ = shape;
+    t.strides_ = strides;
+    t.offset_ = offset;
+    return t;
+  }
+
+  const Tensor& require(const char* what) const {
+    if (!storage_) fail<ValueError>(what, ": the tensor is empty (default-constructed or moved-from)");
+    return *this;
+  }
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  Shape shape_;
+  Strides strides_;
+  std::int64_t offset_ = 0;
+  DType dtype_ = DType::float32;
+};
+
+}  // namespace hybra

@@ -1,0 +1,297 @@
+#pragma once
+// Fused evaluation: an expression whose tensors share one dtype runs as ONE
+// loop over the output (no temporaries); contiguous same-shape operands take a
+// flat vectorised loop, anything else (broadcasting, views) a strided loop
+// over collapsed dimensions. Mixed-dtype trees run node by node, each node
+// fused, with narrower operands converted first (docs/tensors.md).
+#include <boost/container/small_vector.hpp>
+#include <cstring>
+#include <optional>
+
+#include "../backend/cpu/threads.hpp"
+#include "kernel.hpp"
+
+namespace hybra {
+
+namespace detail {
+
+template <class V>
+inline constexpr bool is_tensor_v = std::is_same_v<std::remove_cvref_t<V>, Tensor>;
+
+using leaf_list = boost::container::small_vector<const Tensor*, 8>;
+
+template <class E>
+leaf_list tensor_leaves(const E& e) {
+  leaf_list leaves;
+  auto leaf = [&](const auto& v) {
+    if constexpr (is_tensor_v<decltype(v)>) leaves.push_back(&v.require("expression"));
+    return 0;
+  };
+  auto node = [](auto, auto...) { return 0; };
+  fold(e, leaf, node);
+  for (auto* t : leaves)
+    if (t->device() != leaves.front()->device())
+      fail<DeviceError>("expression: operands live on ", leaves.front()->device(), " and ", t->device(),
+                        "; copy one with to(device) first");
+  return leaves;
+}
+
+// The broadcast shape of an expression; a mismatch names the op and shapes.
+template <class E>
+Shape infer_shape(const E& e) {
+  auto leaf = [](const auto& v) {
+    if constexpr (is_tensor_v<decltype(v)>) return v.shape();
+    else return Shape{};
+  };
+  auto node = [](auto op, const auto&... shapes) {
+    Shape out;
+    bool first = true;
+    ((out = first ? shapes : broadcast_shapes(out, shapes, decltype(op)::name), first = false), ...);
+    return out;
+  };
+  return fold(e, leaf, node);
+}
+
+// Strides of `t` seen through broadcasting to `shape` (0 on broadcast axes).
+inline Strides broadcast_strides(const Tensor& t, const Shape& shape) {
+  Strides s(shape.size(), 0);
+  auto lead = shape.size() - t.shape().size();
+  for (std::size_t i = 0; i < t.shape().size(); ++i) s[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+  return s;
+}
+
+// Runs e's kernel (tensor dtype T) into `out` (C++ type O, out.shape() is the
+// broadcast shape of every leaf). Any layout on either side.
+template <class T, class O, class E>
+void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
+  const auto n = out.size();
+  if (n == 0) return;
+  const auto& shape = out.shape();
+  const std::size_t nl = leaves.size();
+  boost::container::small_vector<const T*, 8> ptrs;
+  bool flat = out.is_contiguous();
+  for (auto* t : leaves) {
+    ptrs.push_back(static_cast<const T*>(t->raw_data()));
+    flat = flat && t->shape() == shape && t->is_contiguous();
+  }
+  O* dst = static_cast<O*>(out.raw_data());
+  if (flat) {
+    auto k = kernel::build<T, kernel::flat_leaf>(e, ptrs.data(), nullptr);
+    backend::cpu::parallel_for(n, 1, [&](std::int64_t begin, std::int64_t end) {
+#pragma omp simd
+      for (std::int64_t i = begin; i < end; ++i) dst[i] = static_cast<O>(k(i));
+    });
+    return;
+  }
+
+  // Strides per operand (the output last) over the output's dims, merging
+  // neighbouring dims wherever every operand is contiguous across them.
+  boost::container::small_vector<Strides, 9> full;
+  for (auto* t : leaves) full.push_back(broadcast_strides(*t, shape));
+  full.push_back(out.strides());
+  Shape dims;
+  boost::container::small_vector<Strides, 9> st(nl + 1);
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !dims.empty();
+    for (std::size_t l = 0; merge && l <= nl; ++l) merge = st[l].back() == full[l][d] * shape[d];
+    if (merge) dims.back() *= shape[d];
+    else dims.push_back(shape[d]);
+    for (std::size_t l = 0; l <= nl; ++l) {
+      if (merge) st[l].back() = full[l][d];
+      else st[l].push_back(full[l][d]);
+    }
+  }
+  if (dims.empty()) {
+    dims.push_back(1);
+    for (auto& s : st) s.push_back(0);
+  }
+  boost::container::small_vector<std::int64_t, 9> inner_stride;
+  for (auto& s : st) inner_stride.push_back(s.back());
+  const std::int64_t inner = dims.back(), rows = n / inner;
+  // Work items are pieces of rows, so one long broadcast row still splits.
+  const std::int64_t piece = rows >= num_threads() ? inner : std::max<std::int64_t>(1024, inner / num_threads());
+  const std::int64_t pieces_per_row = (inner + piece - 1) / piece;
+  const std::int64_t items = rows * pieces_per_row;
+  auto run_items = [&](std::int64_t first, std::int64_t last) {
+    boost::container::small_vector<const T*, 8> row_ptrs(nl);
+    for (std::int64_t item = first; item < last; ++item) {
+      std::int64_t row = item / pieces_per_row, from = (item % pieces_per_row) * piece;
+      std::int64_t len = std::min(inner, from + piece) - from;
+      std::int64_t out_off = from * inner_stride[nl];
+      boost::container::small_vector<std::int64_t, 9> off(nl + 1, 0);
+      for (std::int64_t r = row, d = static_cast<std::int64_t>(dims.size()) - 2; d >= 0; --d) {
+        for (std::size_t l = 0; l <= nl; ++l) off[l] += (r % dims[d]) * st[l][d];
+        r /= dims[d];
+      }
+      for (std::size_t l = 0; l < nl; ++l) row_ptrs[l] = ptrs[l] + off[l] + from * inner_stride[l];
+      auto k = kernel::build<T, kernel::strided_leaf>(e, row_ptrs.data(), inner_stride.data());
+      O* o = dst + off[nl] + out_off;
+      const std::int64_t os = inner_stride[nl];
+      if (os == 1) {
+        for (std::int64_t i = 0; i < len; ++i) o[i] = static_cast<O>(k(i));
+      } else {
+        for (std::int64_t i = 0; i < len; ++i) o[i * os] = static_cast<O>(k(i));
+      }
+    }
+  };
+  backend::cpu::parallel_for(items, std::min(piece, inner), run_items);
+}
+
+template <class E>
+Tensor evaluate_unfused(const E& e);
+
+// Writes src into dst (same shape, any layouts), converting the dtype.
+inline void copy_into(const Tensor& src, const Tensor& dst) {
+  auto e = yap::make_terminal<expression>(src);
+  leaf_list leaves{&src};
+  dispatch(src.dtype(), [&](auto s) {
+    dispatch(dst.dtype(), [&](auto d) {
+      run_fused<typename decltype(s)::type, typename decltype(d)::type>(e, leaves, dst);
+    });
+  });
+}
+
+template <class E>
+constexpr bool is_terminal() {
+  using X = std::remove_cvref_t<E>;
+  if constexpr (is_tensor_v<X>) return true;
+  else if constexpr (X::kind == yap::expr_kind::expr_ref) return is_terminal<decltype(yap::deref(std::declval<X>()))>();
+  else return X::kind == yap::expr_kind::terminal;
+}
+
+}  // namespace detail
+
+// Evaluates an expression into a new contiguous tensor, fused. For a Tensor,
+// returns it unchanged (no copy).
+template <class E>
+Tensor eval(const E& e) {
+  if constexpr (detail::is_tensor_v<E>) {
+    return e;
+  } else {
+    auto leaves = detail::tensor_leaves(e);
+    Shape shape = detail::infer_shape(e);
+    for (auto* t : leaves)
+      if (t->dtype() != leaves.front()->dtype()) return detail::evaluate_unfused(e);
+    return dispatch(leaves.front()->dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      using R = kernel::result_t<E, T>;
+      Tensor out(shape, dtype_of_v<R>, leaves.front()->device());
+      detail::run_fused<T, R>(e, leaves, out);
+      return out;
+    });
+  }
+}
+
+// Evaluates node by node, each node into a temporary of its own: the
+// reference fused results are tested against, and the path for mixed dtypes.
+template <class E>
+Tensor eval_unfused(const E& e) {
+  return detail::evaluate_unfused(e);
+}
+
+namespace detail {
+
+template <class E>
+Tensor evaluate_unfused(const E& e) {
+  auto leaf = [](const auto& v) { return v; };
+  auto node = [](auto op, const auto&... args) -> Tensor {
+    using Op = decltype(op);
+    constexpr auto is_condition = [](std::size_t i) { return Op::rule == op::DTypeRule::select && i == 0; };
+    std::optional<DType> common;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      auto note = [&](std::size_t i, const auto& a) {
+        if constexpr (is_tensor_v<decltype(a)>)
+          if (!is_condition(i)) common = common ? promote_types(*common, a.dtype()) : a.dtype();
+      };
+      (note(I, args), ...);
+    }(std::index_sequence_for<decltype(args)...>{});
+    // Operands convert to the common dtype, so each node runs fused; a
+    // condition first becomes 1/0 so that no conversion changes its truth.
+    auto convert = [&](std::size_t i, const auto& a) {
+      if constexpr (is_tensor_v<decltype(a)>) {
+        if (!common || a.dtype() == *common) return a;
+        return is_condition(i) ? eval(a != 0).astype(*common) : a.astype(*common);
+      } else {
+        return a;
+      }
+    };
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return eval(apply_op<Op>(convert(I, args)...));
+    }(std::index_sequence_for<decltype(args)...>{});
+  };
+  Tensor result = fold(e, leaf, node);
+  if constexpr (is_terminal<E>()) return result.copy();
+  else return result;
+}
+
+}  // namespace detail
+
+template <yap_expression E>
+Tensor::Tensor(E&& e) : Tensor(eval(e)) {}
+
+template <yap_expression E>
+Tensor& Tensor::operator=(E&& e) {
+  return *this = eval(e);
+}
+
+template <class E>
+Tensor& Tensor::assign(E&& e) {
+  require("assign");
+  Shape shape = detail::infer_shape(e);
+  if (broadcast_shapes(shape, shape_, "assign") != shape_)
+    fail<ShapeError>("assign: a value of shape ", to_string(shape), " cannot be written into shape ", to_string(shape_));
+  if constexpr (detail::is_tensor_v<E>) {
+    detail::copy_into(e, *this);
+  } else {
+    auto leaves = detail::tensor_leaves(e);
+    bool direct = true;
+    for (auto* t : leaves) {
+      direct = direct && t->dtype() == leaves.front()->dtype();
+      // Reading a different view of the storage being written would read
+      // values already overwritten; such expressions go through a temporary.
+      if (t->storage() == storage_)
+        direct = direct && t->shape() == shape_ && t->strides() == strides_ && t->offset() == offset_;
+    }
+    if (direct) {
+      direct = dispatch(leaves.front()->dtype(), [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        using R = kernel::result_t<E, T>;
+        if (dtype_of_v<R> != dtype_) return false;
+        detail::run_fused<T, R>(e, leaves, *this);
+        return true;
+      });
+    }
+    if (!direct) detail::copy_into(eval(e), *this);
+  }
+  return *this;
+}
+
+inline Tensor Tensor::copy() const {
+  Tensor out(require("copy").shape_, dtype_, device());
+  detail::copy_into(*this, out);
+  return out;
+}
+
+inline Tensor Tensor::contiguous() const { return is_contiguous() ? *this : copy(); }
+
+inline Tensor Tensor::astype(DType d) const {
+  Tensor out(require("astype").shape_, d, device());
+  detail::copy_into(*this, out);
+  return out;
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  static_assert(std::is_arithmetic_v<T>, "hybra::Tensor::to_vector<T>: T must be an arithmetic type");
+  Tensor c = require("to_vector").contiguous();
+  std::vector<T> v(static_cast<std::size_t>(c.size()));
+  dispatch(dtype_, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    const S* p = static_cast<const S*>(c.raw_data());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(p[i]);
+  });
+  return v;
+}
+
+}  // namespace hybra

@@ -1,0 +1,106 @@
+#pragma once
+// hybra's Boost.Yap expression template. `a * b + 2` builds a tree whose C++
+// type is the expression's typed graph; nothing is computed until the tree is
+// assigned to a Tensor (evaluate.hpp), which runs it in one fused pass.
+#include <boost/hana/tuple.hpp>
+#include <boost/yap/algorithm.hpp>
+#include <boost/yap/user_macros.hpp>
+#include <type_traits>
+
+#include "../core/tensor.hpp"
+#include "../ops/elementwise.hpp"
+
+namespace hybra {
+
+namespace yap = boost::yap;
+
+template <yap::expr_kind Kind, class Tuple>
+struct expression {
+  static constexpr yap::expr_kind kind = Kind;
+  Tuple elements;
+};
+
+#define HYBRA_EXPR_BINARY(kind_name) BOOST_YAP_USER_BINARY_OPERATOR(kind_name, expression, expression)
+HYBRA_EXPR_BINARY(plus)
+HYBRA_EXPR_BINARY(minus)
+HYBRA_EXPR_BINARY(multiplies)
+HYBRA_EXPR_BINARY(divides)
+HYBRA_EXPR_BINARY(less)
+HYBRA_EXPR_BINARY(less_equal)
+HYBRA_EXPR_BINARY(greater)
+HYBRA_EXPR_BINARY(greater_equal)
+HYBRA_EXPR_BINARY(equal_to)
+HYBRA_EXPR_BINARY(not_equal_to)
+#undef HYBRA_EXPR_BINARY
+BOOST_YAP_USER_UNARY_OPERATOR(negate, expression, expression)
+
+template <class T>
+struct is_tensor : std::is_same<T, Tensor> {};
+
+#define HYBRA_TENSOR_BINARY(kind_name) BOOST_YAP_USER_UDT_ANY_BINARY_OPERATOR(kind_name, expression, is_tensor)
+HYBRA_TENSOR_BINARY(plus)
+HYBRA_TENSOR_BINARY(minus)
+HYBRA_TENSOR_BINARY(multiplies)
+HYBRA_TENSOR_BINARY(divides)
+HYBRA_TENSOR_BINARY(less)
+HYBRA_TENSOR_BINARY(less_equal)
+HYBRA_TENSOR_BINARY(greater)
+HYBRA_TENSOR_BINARY(greater_equal)
+HYBRA_TENSOR_BINARY(equal_to)
+HYBRA_TENSOR_BINARY(not_equal_to)
+#undef HYBRA_TENSOR_BINARY
+BOOST_YAP_USER_UDT_UNARY_OPERATOR(negate, expression, is_tensor)
+
+// Which op of the op table each C++ operator means.
+template <yap::expr_kind Kind>
+struct operator_op {
+  static_assert(Kind != Kind, "hybra: this C++ operator is not an op of hybra's op table; "
+                              "use + - * / unary -, comparisons, or the named functions (exp, relu, ...)");
+};
+template <> struct operator_op<yap::expr_kind::negate> { using type = op::negative; };
+template <> struct operator_op<yap::expr_kind::plus> { using type = op::add; };
+template <> struct operator_op<yap::expr_kind::minus> { using type = op::subtract; };
+template <> struct operator_op<yap::expr_kind::multiplies> { using type = op::multiply; };
+template <> struct operator_op<yap::expr_kind::divides> { using type = op::divide; };
+template <> struct operator_op<yap::expr_kind::less> { using type = op::less; };
+template <> struct operator_op<yap::expr_kind::less_equal> { using type = op::less_equal; };
+template <> struct operator_op<yap::expr_kind::greater> { using type = op::greater; };
+template <> struct operator_op<yap::expr_kind::greater_equal> { using type = op::greater_equal; };
+template <> struct operator_op<yap::expr_kind::equal_to> { using type = op::equal; };
+template <> struct operator_op<yap::expr_kind::not_equal_to> { using type = op::not_equal; };
+
+template <class X>
+concept tensor_like = yap_expression<X> || std::is_same_v<std::remove_cvref_t<X>, Tensor>;
+template <class X>
+concept operand = tensor_like<X> || std::is_arithmetic_v<std::remove_cvref_t<X>>;
+
+// An op-table op applied to operands: a Yap call node whose callee terminal
+// holds the op's tag. At least one operand must be a Tensor or expression.
+template <class Op, class... Args>
+auto apply_op(Args&&... args) {
+  static_assert(sizeof...(Args) == Op::arity, "hybra: wrong number of operands for this op");
+  static_assert((operand<Args> && ...),
+                "hybra: an operand of an elementwise op must be a Tensor, a hybra expression or an "
+                "arithmetic scalar");
+  static_assert((tensor_like<Args> || ...),
+                "hybra: an elementwise op needs at least one Tensor or expression operand");
+  return yap::make_expression<expression, yap::expr_kind::call>(
+      yap::make_terminal<expression>(Op{}), static_cast<Args&&>(args)...);
+}
+
+template <tensor_like X> auto exp(X&& x) { return apply_op<op::exp>(static_cast<X&&>(x)); }
+template <tensor_like X> auto log(X&& x) { return apply_op<op::log>(static_cast<X&&>(x)); }
+template <tensor_like X> auto sqrt(X&& x) { return apply_op<op::sqrt>(static_cast<X&&>(x)); }
+template <tensor_like X> auto abs(X&& x) { return apply_op<op::abs>(static_cast<X&&>(x)); }
+template <tensor_like X> auto tanh(X&& x) { return apply_op<op::tanh>(static_cast<X&&>(x)); }
+template <tensor_like X> auto sigmoid(X&& x) { return apply_op<op::sigmoid>(static_cast<X&&>(x)); }
+template <tensor_like X> auto relu(X&& x) { return apply_op<op::relu>(static_cast<X&&>(x)); }
+template <class A, class B> auto pow(A&& a, B&& b) { return apply_op<op::pow>(static_cast<A&&>(a), static_cast<B&&>(b)); }
+template <class A, class B> auto maximum(A&& a, B&& b) { return apply_op<op::maximum>(static_cast<A&&>(a), static_cast<B&&>(b)); }
+template <class A, class B> auto minimum(A&& a, B&& b) { return apply_op<op::minimum>(static_cast<A&&>(a), static_cast<B&&>(b)); }
+template <class C, class A, class B>
+auto where(C&& c, A&& a, B&& b) {
+  return apply_op<op::where>(static_cast<C&&>(c), static_cast<A&&>(a), static_cast<B&&>(b));
+}
+
+}  // namespace hybra

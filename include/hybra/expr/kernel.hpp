@@ -1,0 +1,103 @@
+#pragma once
+// The fused kernel of an expression: a tree of small structs mirroring the
+// Yap tree, with tensor leaves turned into pointers. `k(i)` computes element
+// i of the whole expression; the compiler inlines it into one vector loop.
+// Each node's C++ type follows the op table's dtype rule at compile time.
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+#include "fold.hpp"
+
+namespace hybra::kernel {
+
+// A C++ scalar's type as a weak operand: any arithmetic type maps to a dtype.
+template <class S>
+using scalar_type_t =
+    std::conditional_t<std::is_floating_point_v<S>, std::conditional_t<std::is_same_v<S, float>, float, double>,
+                       std::conditional_t<(sizeof(S) <= 4), std::int32_t, std::int64_t>>;
+
+template <class T>
+struct flat_leaf {
+  using type = T;
+  static constexpr bool weak = false;
+  const T* p;
+  T operator()(std::int64_t i) const { return p[i]; }
+};
+
+template <class T>
+struct strided_leaf {
+  using type = T;
+  static constexpr bool weak = false;
+  const T* p;
+  std::int64_t stride;
+  T operator()(std::int64_t i) const { return p[i * stride]; }
+};
+
+template <class S>
+struct scalar_leaf {
+  using type = S;
+  static constexpr bool weak = true;
+  S v;
+  S operator()(std::int64_t) const { return v; }
+};
+
+template <class Op, class... Args>
+struct node {
+  using type = typename op::result<Op, Args...>::type;
+  static constexpr bool weak = (Args::weak && ...);
+  std::tuple<Args...> args;
+
+  type operator()(std::int64_t i) const { return eval(i, std::index_sequence_for<Args...>{}); }
+
+ private:
+  template <std::size_t... I>
+  type eval(std::int64_t i, std::index_sequence<I...>) const {
+    if constexpr (Op::rule == op::DTypeRule::select)
+      return Op::apply(std::get<0>(args)(i) != 0, static_cast<type>(std::get<1>(args)(i)),
+                       static_cast<type>(std::get<2>(args)(i)));
+    else
+      return Op::apply(static_cast<type>(std::get<I>(args)(i))...);
+  }
+};
+
+// Builds the kernel for an expression whose tensor leaves all have dtype T.
+// Leaf k (in fold order) reads from ptrs[k] with stride strides[k]; Leaf is
+// flat_leaf or strided_leaf.
+template <class T, template <class> class Leaf>
+struct builder {
+  const T* const* ptrs;
+  const std::int64_t* strides;
+  int next = 0;
+
+  auto operator()(const Tensor&) {
+    int k = next++;
+    if constexpr (std::is_same_v<Leaf<T>, flat_leaf<T>>) return flat_leaf<T>{ptrs[k]};
+    else return strided_leaf<T>{ptrs[k], strides[k]};
+  }
+  template <class S>
+  auto operator()(const S& s) {
+    static_assert(std::is_arithmetic_v<S>, "hybra: an expression leaf must be a Tensor or an arithmetic scalar");
+    return scalar_leaf<scalar_type_t<S>>{static_cast<scalar_type_t<S>>(s)};
+  }
+};
+
+struct node_maker {
+  template <class Op, class... Args>
+  auto operator()(Op, Args&&... args) const {
+    return node<Op, std::remove_cvref_t<Args>...>{{static_cast<Args&&>(args)...}};
+  }
+};
+
+template <class T, template <class> class Leaf, class E>
+auto build(const E& e, const T* const* ptrs, const std::int64_t* strides) {
+  builder<T, Leaf> leaf{ptrs, strides};
+  node_maker make;
+  return fold(e, leaf, make);
+}
+
+// The C++ result type of expression E when its tensors have dtype T.
+template <class E, class T>
+using result_t = typename decltype(build<T, flat_leaf>(std::declval<const E&>(), nullptr, nullptr))::type;
+
+}  // namespace hybra::kernel
