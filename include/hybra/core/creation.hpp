@@ -46,16 +46,20 @@ inline Tensor arange(double start, double stop, double step = 1, DType dtype = D
 }
 inline Tensor arange(double stop) { return arange(0, stop); }
 
-// A tensor holding `values` with the given shape (1-d when shape is omitted).
+// A tensor holding `values` in the given shape.
 template <class T>
-Tensor array(const std::vector<T>& values, Shape shape = {}, Device device = cpu()) {
+Tensor array(const std::vector<T>& values, const Shape& shape, Device device = cpu()) {
   static_assert(is_dtype_v<T>, "hybra::array: element type must be float, double, std::int32_t, std::int64_t or std::uint8_t");
-  if (shape.empty() && values.size() != 1) shape = {static_cast<std::int64_t>(values.size())};
   if (checked_numel(shape, "array") != static_cast<std::int64_t>(values.size()))
     fail<ShapeError>("array: ", values.size(), " values do not fill shape ", to_string(shape));
   Tensor t(shape, dtype_of_v<T>, device);
   std::copy(values.begin(), values.end(), static_cast<T*>(t.raw_data()));
   return t;
+}
+// A 1-d tensor holding `values`.
+template <class T>
+Tensor array(const std::vector<T>& values) {
+  return array(values, Shape{static_cast<std::int64_t>(values.size())});
 }
 template <class T>
 Tensor array(std::initializer_list<T> values) {

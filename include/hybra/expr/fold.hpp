@@ -10,12 +10,14 @@
 
 namespace hybra {
 
-// Returns leaf(value) for a terminal and node(Op{}, folded children...) for an
+// Returns leaf(value) for a terminal (or a bare Tensor) and node(Op{}, folded children...) for an
 // operator or op-table call, where Op is the node's op-table entry.
 template <class E, class Leaf, class Node>
 decltype(auto) fold(const E& e, Leaf& leaf, Node& node) {
   using X = std::remove_cvref_t<E>;
-  if constexpr (X::kind == yap::expr_kind::expr_ref) {
+  if constexpr (!yap::is_expr<X>::value) {
+    return leaf(e);  // a bare Tensor is a one-leaf tree
+  } else if constexpr (X::kind == yap::expr_kind::expr_ref) {
     return fold(yap::deref(e), leaf, node);
   } else if constexpr (X::kind == yap::expr_kind::terminal) {
     return leaf(yap::value(e));

@@ -1,0 +1,270 @@
+// Elementwise expressions: every op of the table against a one-line reference
+// in every dtype, broadcasting, promotion, fused == unfused, views, aliasing,
+// threads, printing the typed graph, and errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <hybra/hybra.hpp>
+#include <limits>
+
+using namespace hybra;
+
+namespace {
+
+// A tensor of dtype d with values spread over [lo, hi] (deterministic).
+Tensor sample(Shape shape, DType d, double lo, double hi, std::uint64_t seed) {
+  Generator g(seed);
+  Tensor u = random_uniform(shape, lo, hi, DType::float64, cpu(), g);
+  return is_floating(d) ? u.astype(d) : Tensor(u + 0.5).astype(d);  // integers: rounded
+}
+
+// Checks every element of `got` against ref(inputs...) computed in double.
+template <class Ref>
+void check_against(const Tensor& got, std::vector<Tensor> inputs, Ref ref, double tol) {
+  auto g = got.to_vector<double>();
+  std::vector<std::vector<double>> in;
+  for (auto& t : inputs) in.push_back(t.to_vector<double>());
+  REQUIRE(g.size() == in[0].size());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    double want = in.size() == 1 ? ref(in[0][i], 0.0) : ref(in[0][i], in[1][i]);
+    if (std::isnan(want)) {
+      CHECK(std::isnan(g[i]));
+    } else {
+      INFO("element ", i, " inputs ", in[0][i], (in.size() > 1 ? in[1][i] : 0.0));
+      if (tol == 0) CHECK(g[i] == (got.dtype() == DType::float32 ? double(float(want)) : want));
+      else CHECK(g[i] == doctest::Approx(want).epsilon(tol).scale(1));
+    }
+  }
+}
+
+const DType all_dtypes[] = {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8};
+
+double tol_for(DType d) { return d == DType::float32 ? 2e-6 : d == DType::float64 ? 1e-13 : 0; }
+
+}  // namespace
+
+TEST_CASE("every unary op matches its reference in every dtype") {
+  for (DType d : all_dtypes) {
+    CAPTURE(name(d));
+    double lo = d == DType::uint8 ? 0 : -4;
+    Tensor x = sample({4, 33}, d, lo, 4, 11);
+    Tensor pos = sample({4, 33}, d, 1, 9, 12);
+    double ft = tol_for(is_floating(d) ? d : DType::float32);
+    auto same = [&](Tensor t) { CHECK(t.dtype() == d); return t; };
+    auto flt = [&](Tensor t) { CHECK(t.dtype() == (is_floating(d) ? d : DType::float32)); return t; };
+    check_against(same(-x), {x}, [&](double a, double) { return d == DType::uint8 ? std::fmod(256 - a, 256) : -a; }, 0);
+    check_against(same(abs(x)), {x}, [](double a, double) { return std::abs(a); }, 0);
+    check_against(same(relu(x)), {x}, [](double a, double) { return a < 0 ? 0 : a; }, 0);
+    check_against(flt(exp(x)), {x}, [](double a, double) { return std::exp(a); }, ft);
+    check_against(flt(log(pos)), {pos}, [](double a, double) { return std::log(a); }, ft);
+    check_against(flt(sqrt(pos)), {pos}, [](double a, double) { return std::sqrt(a); }, ft);
+    check_against(flt(tanh(x)), {x}, [](double a, double) { return std::tanh(a); }, ft);
+    check_against(flt(sigmoid(x)), {x}, [](double a, double) { return 1 / (1 + std::exp(-a)); }, ft);
+  }
+}
+
+TEST_CASE("every binary op matches its reference in every dtype") {
+  for (DType d : all_dtypes) {
+    CAPTURE(name(d));
+    double lo = d == DType::uint8 ? 0 : -5;
+    Tensor a = sample({3, 41}, d, lo, 5, 21);
+    Tensor b = sample({3, 41}, d, lo, 5, 22);
+    Tensor nz = sample({3, 41}, d, 1, 5, 23);
+    auto wrap = [&](double v) { return d == DType::uint8 ? std::fmod(std::fmod(v, 256) + 256, 256) : v; };
+    check_against(a + b, {a, b}, [&](double x, double y) { return wrap(x + y); }, 0);
+    check_against(a - b, {a, b}, [&](double x, double y) { return wrap(x - y); }, 0);
+    check_against(a * b, {a, b}, [&](double x, double y) { return wrap(x * y); }, 0);
+    check_against(a / nz, {a, nz}, [](double x, double y) { return x / y; }, tol_for(is_floating(d) ? d : DType::float32));
+    check_against(a < b, {a, b}, [](double x, double y) { return double(x < y); }, 0);
+    check_against(a <= b, {a, b}, [](double x, double y) { return double(x <= y); }, 0);
+    check_against(a > b, {a, b}, [](double x, double y) { return double(x > y); }, 0);
+    check_against(a >= b, {a, b}, [](double x, double y) { return double(x >= y); }, 0);
+    check_against(a == b, {a, b}, [](double x, double y) { return double(x == y); }, 0);
+    check_against(a != b, {a, b}, [](double x, double y) { return double(x != y); }, 0);
+    check_against(maximum(a, b), {a, b}, [](double x, double y) { return std::max(x, y); }, 0);
+    check_against(minimum(a, b), {a, b}, [](double x, double y) { return std::min(x, y); }, 0);
+    Tensor small = sample({3, 41}, d, is_floating(d) ? 0.5 : 0, 3, 24);
+    Tensor ex = sample({3, 41}, d, 0, 3, 25);
+    check_against(pow(small, ex), {small, ex}, [](double x, double y) { return std::pow(x, y); }, tol_for(d));
+    Tensor chosen = where(a > b, a, b);
+    check_against(chosen, {a, b}, [](double x, double y) { return x > y ? x : y; }, 0);
+    CHECK(Tensor(a + b).dtype() == d);
+  }
+}
+
+TEST_CASE("integer edge cases: wrap-around, true division, powers") {
+  auto big = full({2}, std::numeric_limits<std::int32_t>::max(), DType::int32);
+  CHECK(Tensor(big + 1).to_vector<std::int64_t>() == std::vector<std::int64_t>{INT32_MIN, INT32_MIN});
+  auto minimum_int = full({1}, std::numeric_limits<std::int32_t>::min(), DType::int32);
+  CHECK(Tensor(abs(minimum_int)).item<std::int64_t>() == INT32_MIN);
+  CHECK(Tensor(-minimum_int).item<std::int64_t>() == INT32_MIN);
+  auto q = Tensor(array({7, -7, 1}) / array({2, 2, 0}));
+  CHECK(q.dtype() == DType::float32);
+  CHECK(q.to_vector<float>() == std::vector<float>{3.5f, -3.5f, INFINITY});
+  CHECK(Tensor(pow(array({2, -1, 3, 5}), array({10, 3, 0, -1}))).to_vector<int>() == std::vector<int>{1024, -1, 1, 0});
+  CHECK(Tensor(array({std::uint8_t{250}}) + std::uint8_t{10}).item<int>() == 4);
+}
+
+TEST_CASE("NaN propagates through relu, maximum and minimum") {
+  auto n = array({std::nanf(""), 1.f});
+  auto one = array({1.f, std::nanf("")});
+  auto r = Tensor(relu(n)).to_vector<float>();
+  CHECK(std::isnan(r[0]));
+  auto mx = Tensor(maximum(n, one)).to_vector<float>(), mn = Tensor(minimum(one, n)).to_vector<float>();
+  CHECK((std::isnan(mx[0]) && std::isnan(mx[1])));
+  CHECK((std::isnan(mn[0]) && std::isnan(mn[1])));
+}
+
+TEST_CASE("scalars of any arithmetic type follow the weak-scalar rule") {
+  auto f = ones({2});
+  auto i = ones({2}, DType::int32);
+  auto u8 = ones({2}, DType::uint8);
+  CHECK(Tensor(f * 2.0).dtype() == DType::float32);
+  CHECK(Tensor(f * 2).dtype() == DType::float32);
+  CHECK(Tensor(i * 2.5).dtype() == DType::float32);
+  CHECK(Tensor(i * 2.5).to_vector<float>() == std::vector<float>{2.5f, 2.5f});
+  CHECK(Tensor(i * 3L).dtype() == DType::int32);
+  CHECK(Tensor(u8 + 1).dtype() == DType::uint8);
+  CHECK(Tensor(u8 + 'a').to_vector<int>() == std::vector<int>{98, 98});
+  CHECK(Tensor(2 - f).to_vector<float>() == std::vector<float>{1, 1});
+  CHECK(Tensor(1.0 / (f + 1)).to_vector<float>() == std::vector<float>{0.5f, 0.5f});
+  CHECK(Tensor(f + true).to_vector<float>() == std::vector<float>{2, 2});
+  CHECK(Tensor(where(f > 0, 1, 2)).dtype() == DType::int32);
+  CHECK(Tensor(where(f > 0, 1.5, 2)).to_vector<double>() == std::vector<double>{1.5, 1.5});
+}
+
+TEST_CASE("tensors of different dtypes promote per node") {
+  auto i = array({1, 2, 3});
+  auto f = array({0.5f, 0.5f, 0.5f});
+  auto d = array({1.0, 1.0, 1.0});
+  auto u8 = array({std::uint8_t{1}, std::uint8_t{2}, std::uint8_t{3}});
+  Tensor r = (i + f) * d;
+  CHECK(r.dtype() == DType::float64);
+  CHECK(r.to_vector<double>() == std::vector<double>{1.5, 2.5, 3.5});
+  // Per-node: the integer sum happens in int32 before meeting the float.
+  Tensor s = (u8 + i) / 2 + f;
+  CHECK(s.dtype() == DType::float32);
+  CHECK(s.to_vector<float>() == std::vector<float>{1.5f, 2.5f, 3.5f});
+  // A float condition keeps its truth when the values are integers.
+  Tensor w = where(array({0.25f, 0.f, -2.f}), i, u8 * 10);
+  CHECK(w.dtype() == DType::int32);
+  CHECK(w.to_vector<int>() == std::vector<int>{1, 20, 3});
+}
+
+TEST_CASE("broadcasting edge cases") {
+  auto col = arange(3).astype(DType::float64);
+  Tensor outer = col.view({3, 1}, {1, 1}, 0) * arange(4).astype(DType::float64).view({1, 4}, {4, 1}, 0);
+  CHECK(outer.shape() == Shape{3, 4});
+  CHECK(outer.to_vector<double>() == std::vector<double>{0, 0, 0, 0, 0, 1, 2, 3, 0, 2, 4, 6});
+  Tensor rows = ones({2, 3}) + arange(3);
+  CHECK(rows.to_vector<float>() == std::vector<float>{1, 2, 3, 1, 2, 3});
+  Tensor with_scalar_tensor = ones({2, 3}) * full({}, 4);
+  CHECK(with_scalar_tensor.to_vector<float>() == std::vector<float>(6, 4));
+  Tensor zero_d = full({}, 2) + full({}, 3);
+  CHECK(zero_d.ndim() == 0);
+  CHECK(zero_d.item<float>() == 5);
+  Tensor empty = zeros({0, 3}) + ones({3});
+  CHECK(empty.shape() == Shape{0, 3});
+  CHECK(Tensor(zeros({0}) + ones({1})).shape() == Shape{0});
+  Tensor high = ones({2, 1, 3, 1}) + ones({1, 4});
+  CHECK(high.shape() == Shape{2, 1, 3, 4});
+  CHECK_THROWS_WITH_AS(Tensor(ones({2, 3}) * ones({4})),
+                       doctest::Contains("multiply: shapes (2, 3) and (4,) cannot be broadcast together"), ShapeError);
+  CHECK_THROWS_WITH_AS(Tensor(relu(ones({3}) + ones({2, 2}))), doctest::Contains("add: shapes (3,) and (2, 2)"),
+                       ShapeError);
+  CHECK_THROWS_WITH_AS(Tensor(zeros({0}) + ones({2})), doctest::Contains("add"), ShapeError);
+}
+
+TEST_CASE("fused equals unfused, on contiguous, broadcast and strided operands") {
+  Generator g(3);
+  auto a = random_normal({64, 50}, 0, 1, DType::float32, cpu(), g);
+  auto b = random_normal({64, 50}, 0, 1, DType::float32, cpu(), g);
+  auto c = random_normal({50}, 0, 1, DType::float32, cpu(), g);
+  auto bt = b.view({50, 64}, {1, 50}, 0);  // b's storage seen as a transposed (50, 64)
+  // Arithmetic is bit-identical. exp/tanh/log/pow may run the vector (libmvec)
+  // variant in one evaluation and the scalar one in the other (they differ by
+  // up to 2 ulp), so those compare within float accuracy.
+  auto check = [](const auto& e, double abs_tol) {
+    Tensor fused = e;
+    Tensor unfused = eval_unfused(e);
+    CHECK(fused.shape() == unfused.shape());
+    auto f = fused.to_vector<float>(), u = unfused.to_vector<float>();
+    REQUIRE(f.size() == u.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < f.size(); ++i) worst = std::max(worst, double(std::abs(f[i] - u[i])));
+    if (abs_tol == 0) CHECK(f == u);
+    else CHECK(worst <= abs_tol);
+  };
+  check(relu(a * b + 2) * c - 1, 0);
+  check(sigmoid(tanh(a * b + c) * exp(-a)) + b, 1e-6);
+  check(sigmoid(tanh(a * b + a) * exp(-a)) + b, 0);  // all flat: the same code path
+  check(where(a > c, maximum(a, b), minimum(b, c) / 3), 0);
+  check(pow(abs(a) + 1, 2) - sqrt(abs(b)) + log(abs(c) + 1), 1e-5);
+  check(a.view({50, 64}, {1, 50}, 0) * bt + 1, 0);
+  check(a.view({32, 50}, {100, 1}, 0) + c, 0);  // every second row
+}
+
+TEST_CASE("large expressions split across threads give the same result") {
+  const int threads = num_threads();
+  Generator g(9);
+  auto a = random_normal({3, 70001}, 0, 1, DType::float32, cpu(), g);
+  auto row = random_normal({70001}, 0, 1, DType::float32, cpu(), g);
+  auto col = random_normal({3, 1}, 0, 1, DType::float32, cpu(), g);
+  auto expr_flat = [&] { return Tensor(tanh(a * 3 + 1) * a); };
+  auto expr_strided = [&] { return Tensor(exp(-abs(a.view({70001, 3}, {1, 70001}, 0))) + 1); };
+  auto expr_broadcast = [&] { return Tensor(a * row + col); };
+  set_num_threads(1);
+  auto f1 = expr_flat().to_vector<float>(), s1 = expr_strided().to_vector<float>(), b1 = expr_broadcast().to_vector<float>();
+  set_num_threads(2);
+  auto f2 = expr_flat().to_vector<float>(), s2 = expr_strided().to_vector<float>(), b2 = expr_broadcast().to_vector<float>();
+  set_num_threads(threads);
+  CHECK(f1 == f2);
+  CHECK(s1 == s2);
+  CHECK(b1 == b2);
+  auto av = a.to_vector<float>();
+  CHECK(s1[1] == doctest::Approx(std::exp(-std::abs(av[70001])) + 1));
+}
+
+TEST_CASE("assign writes in place, broadcasts, converts, and survives aliasing") {
+  auto t = zeros({2, 3});
+  auto keep = t;
+  t.assign(arange(3) + 1);
+  CHECK(keep.to_vector<float>() == std::vector<float>{1, 2, 3, 1, 2, 3});
+  auto i = zeros({3}, DType::int32);
+  i.assign(array({1.9f, -1.9f, 2.f}) * 2);
+  CHECK(i.to_vector<int>() == std::vector<int>{3, -3, 4});
+  // Writing a matrix from its own transpose must read the original values.
+  auto m = arange(4).astype(DType::float64).view({2, 2}, {2, 1}, 0);
+  m.assign(m.view({2, 2}, {1, 2}, 0) + 0);
+  CHECK(m.to_vector<double>() == std::vector<double>{0, 2, 1, 3});
+  // Writing into a strided view touches only the view's elements.
+  auto base = zeros({4});
+  base.view({2}, {2}, 1).assign(ones({2}) * 7);
+  CHECK(base.to_vector<float>() == std::vector<float>{0, 7, 0, 7});
+  CHECK_THROWS_WITH_AS(t.assign(ones({4})), doctest::Contains("assign"), ShapeError);
+  CHECK_THROWS_WITH_AS(t.assign(ones({2, 2, 3})), doctest::Contains("(2, 2, 3) cannot be written into shape (2, 3)"),
+                       ShapeError);
+  CHECK(keep.to_vector<float>() == std::vector<float>{1, 2, 3, 1, 2, 3});  // nothing corrupted
+}
+
+TEST_CASE("the typed graph prints from the expression and from its C++ type") {
+  auto a = ones({1, 2});
+  auto b = ones({1, 2});
+  CHECK(to_string(relu(a * b + 2)) == "relu((a * b) + 2)");
+  CHECK(type_string(relu(a * b + 2)) == "relu((Tensor * Tensor) + int)");
+  CHECK(to_string(-(a + a) / 2.5) == "-(a + a) / 2.5");
+  CHECK(to_string(where(a > b, a, maximum(b, 0.5f))) == "where(a > b, a, maximum(b, 0.5))");
+  CHECK(type_string(sigmoid(a) * 2.0) == "sigmoid(Tensor) * double");
+  std::ostringstream os;
+  os << (a * b + 2);
+  CHECK(os.str() == "[[3. 3.]]\n<Tensor 1x2 @cpu(0)>");
+}
+
+TEST_CASE("bad operands: empty handles and devices are reported, nothing is corrupted") {
+  Tensor empty;
+  CHECK_THROWS_WITH_AS(Tensor(empty + 1), doctest::Contains("empty"), ValueError);
+  auto a = ones({2}, DType::float32, cpu(0));
+  auto b = ones({2}, DType::float32, cpu(1));
+  CHECK_THROWS_WITH_AS(Tensor(a + b), doctest::Contains("operands live on cpu(0) and cpu(1)"), DeviceError);
+  CHECK(a.to_vector<float>() == std::vector<float>{1, 1});
+}
