@@ -12,3 +12,7 @@
 #include "expr/evaluate.hpp"
 #include "expr/expression.hpp"
 #include "expr/print.hpp"
+#include "ops/layout.hpp"
+#include "ops/linalg.hpp"
+#include "ops/reduce.hpp"
+#include "ops/softmax.hpp"

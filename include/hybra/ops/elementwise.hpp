@@ -10,6 +10,9 @@
 //   rule    how the result dtype follows from the operands' (DTypeRule)
 //   apply   the scalar function, on operands already converted to the
 //           compute type (for `where`, the condition comes first as a bool)
+//   costly  true when apply costs tens of instructions per element (a call
+//           into vector math on the CPU): a fused loop containing such an op
+//           is compute-bound and prefetches its operands (expr/evaluate.hpp)
 #include <cmath>
 #include <cstdint>
 #include <string_view>
@@ -55,6 +58,7 @@ struct entry {
   static constexpr std::string_view symbol = Symbol;
   static constexpr int arity = Arity;
   static constexpr DTypeRule rule = Rule;
+  static constexpr bool costly = false;
 };
 
 #define HYBRA_OP_NAME(id, text) inline constexpr std::string_view id##_name = text;
@@ -114,9 +118,11 @@ struct not_equal : entry<not_equal_name, ne_name, 2, promote> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return a != b; }
 };
 struct exp : entry<exp_name, none_name, 1, promote_float> {
+  static constexpr bool costly = true;
   template <class T> HYBRA_HD static T apply(T a) { return std::exp(a); }
 };
 struct log : entry<log_name, none_name, 1, promote_float> {
+  static constexpr bool costly = true;
   template <class T> HYBRA_HD static T apply(T a) { return std::log(a); }
 };
 struct sqrt : entry<sqrt_name, none_name, 1, promote_float> {
@@ -129,9 +135,11 @@ struct abs : entry<abs_name, none_name, 1, promote> {
   }
 };
 struct tanh : entry<tanh_name, none_name, 1, promote_float> {
+  static constexpr bool costly = true;
   template <class T> HYBRA_HD static T apply(T a) { return std::tanh(a); }
 };
 struct sigmoid : entry<sigmoid_name, none_name, 1, promote_float> {
+  static constexpr bool costly = true;
   template <class T> HYBRA_HD static T apply(T a) { return T(1) / (T(1) + std::exp(-a)); }
 };
 // Written as a select on `a < 0` (not `a > 0 ? a : 0`) so NaN propagates and
@@ -140,6 +148,7 @@ struct relu : entry<relu_name, none_name, 1, promote> {
   template <class T> HYBRA_HD static constexpr T apply(T a) { return a < T(0) ? T(0) : a; }
 };
 struct pow : entry<pow_name, none_name, 2, promote> {
+  static constexpr bool costly = true;
   template <class T> HYBRA_HD static T apply(T a, T b) {
     if constexpr (std::is_integral_v<T>) return detail::int_pow(a, b);
     else return std::pow(a, b);

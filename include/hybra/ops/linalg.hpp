@@ -1,0 +1,266 @@
+#pragma once
+// Matrix products with NumPy's shape rules: matmul (batched, broadcasting the
+// batch dims) and dot. float32/float64 go to OpenBLAS. A product with a single
+// row or column (M == 1 or N == 1, which includes every vector operand) calls
+// GEMV, and vector . vector calls DOT: OpenBLAS's GEMM has no fast path for
+// a single row and is several times slower than GEMV there. A matrix that BLAS can read in place (a row-major one with any
+// row stride, or a transposed view, given as a transpose flag) is passed as
+// it is; any other layout is copied to contiguous once. Integer dtypes have no
+// BLAS and use a plain row-times-matrix loop that accumulates modulo 2^64, so
+// overflow wraps exactly as NumPy's integer matmul does.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "../backend/cpu/blas.hpp"
+#include "../backend/cpu/threads.hpp"
+#include "../expr/evaluate.hpp"
+#include "layout.hpp"
+
+namespace hybra {
+
+namespace detail::linalg {
+
+// How BLAS reads the matrix held in t's last two dims: row-major with row
+// stride ld, or (trans) column-major with column stride ld. Extents of 1 make
+// their stride irrelevant, so ld is then the smallest value BLAS accepts.
+struct blas_matrix {
+  bool ok;
+  bool trans;
+  std::int64_t ld;
+};
+inline blas_matrix blas_layout(const Tensor& t) {
+  const auto nd = static_cast<std::size_t>(t.ndim());
+  const std::int64_t rows = t.shape()[nd - 2], cols = t.shape()[nd - 1];
+  const std::int64_t rs = t.strides()[nd - 2], cs = t.strides()[nd - 1];
+  if ((cols == 1 || cs == 1) && (rows == 1 || rs >= cols)) return {true, false, rows == 1 ? cols : rs};
+  if ((rows == 1 || rs == 1) && (cols == 1 || cs >= rows)) return {true, true, cols == 1 ? rows : cs};
+  return {false, false, 0};
+}
+
+// Strides of t's batch dims (all but the last two) seen through broadcasting
+// to `batch`: 0 where t has extent 1 or lacks the dim.
+inline Strides batch_strides(const Tensor& t, const Shape& batch) {
+  Strides s(batch.size(), 0);
+  const std::size_t nb = static_cast<std::size_t>(t.ndim()) - 2, lead = batch.size() - nb;
+  for (std::size_t i = 0; i < nb; ++i) s[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+  return s;
+}
+inline std::int64_t batch_offset(std::int64_t index, const Shape& batch, const Strides& strides) {
+  std::int64_t off = 0;
+  for (std::size_t d = batch.size(); d-- > 0;) {
+    off += (index % batch[d]) * strides[d];
+    index /= batch[d];
+  }
+  return off;
+}
+
+// OpenBLAS 0.3 runs a GEMM below 64^3 multiply-adds, and a GEMV below 9216
+// matrix elements, on the calling thread; batches of products that small are
+// spread over hybra's threads instead (larger ones are threaded by OpenBLAS).
+inline constexpr std::int64_t small_gemm = 1 << 18, small_gemv = 9216;
+
+template <class T>
+void blas_product(Tensor a, Tensor b, const Shape& batch, T* c, std::int64_t M, std::int64_t K, std::int64_t N,
+                  std::int64_t B) {
+  namespace blas = backend::cpu::blas;
+  auto la = blas_layout(a), lb = blas_layout(b);
+  if (!la.ok) {
+    a = a.contiguous();
+    la = blas_layout(a);
+  }
+  if (!lb.ok) {
+    b = b.contiguous();
+    lb = blas_layout(b);
+  }
+  // x @ W with one W for the whole batch: the batch folds into the rows of a
+  // single product, which BLAS parallelises far better than B small ones.
+  if (B > 1 && b.size() == K * N && a.size() == B * M * K && a.is_contiguous()) {
+    M *= B;
+    B = 1;
+    la = {true, false, K};
+  }
+  const Strides sa = batch_strides(a, batch), sb = batch_strides(b, batch);
+  const T* a0 = static_cast<const T*>(a.raw_data());
+  const T* b0 = static_cast<const T*>(b.raw_data());
+  const std::int64_t a_k = K == 1 ? 1 : a.strides()[static_cast<std::size_t>(a.ndim()) - 1];
+  const std::int64_t b_k = K == 1 ? 1 : b.strides()[static_cast<std::size_t>(b.ndim()) - 2];
+  auto one = [&](std::int64_t bi) {
+    const T* pa = a0 + (B > 1 ? batch_offset(bi, batch, sa) : 0);
+    const T* pb = b0 + (B > 1 ? batch_offset(bi, batch, sb) : 0);
+    T* pc = c + bi * M * N;
+    if (M == 1 && N == 1) {
+      *pc = blas::dot(K, pa, a_k, pb, b_k);
+    } else if (M == 1) {  // c = B^T a
+      if (lb.trans) blas::gemv(false, N, K, T(1), pb, lb.ld, pa, a_k, T(0), pc, 1);
+      else blas::gemv(true, K, N, T(1), pb, lb.ld, pa, a_k, T(0), pc, 1);
+    } else if (N == 1) {  // c = A b
+      if (la.trans) blas::gemv(true, K, M, T(1), pa, la.ld, pb, b_k, T(0), pc, 1);
+      else blas::gemv(false, M, K, T(1), pa, la.ld, pb, b_k, T(0), pc, 1);
+    } else {
+      blas::gemm(la.trans, lb.trans, M, N, K, T(1), pa, la.ld, pb, lb.ld, T(0), pc, N);
+    }
+  };
+  if (B > 1 && M * N * K <= (M == 1 || N == 1 ? small_gemv : small_gemm)) {
+    backend::cpu::parallel_for(B, M * N * K, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t bi = first; bi < last; ++bi) one(bi);
+    });
+  } else {
+    for (std::int64_t bi = 0; bi < B; ++bi) one(bi);
+  }
+}
+
+template <class T>
+std::uint64_t widen(T v) {
+  return static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
+}
+
+template <class T>
+void integer_product(const Tensor& a, const Tensor& b, const Shape& batch, T* c, std::int64_t M, std::int64_t K,
+                     std::int64_t N, std::int64_t B) {
+  const Strides sa = batch_strides(a, batch), sb = batch_strides(b, batch);
+  const auto na = static_cast<std::size_t>(a.ndim()), nb = static_cast<std::size_t>(b.ndim());
+  const std::int64_t a_rs = a.strides()[na - 2], a_cs = a.strides()[na - 1];
+  const std::int64_t b_rs = b.strides()[nb - 2], b_cs = b.strides()[nb - 1];
+  const T* a0 = static_cast<const T*>(a.raw_data());
+  const T* b0 = static_cast<const T*>(b.raw_data());
+  backend::cpu::parallel_for(B * M, std::min<std::int64_t>(K * N, 1 << 20), [&](std::int64_t first, std::int64_t last) {
+    std::vector<std::uint64_t> acc(static_cast<std::size_t>(N));
+    for (std::int64_t r = first; r < last; ++r) {
+      const std::int64_t bi = r / M, i = r % M;
+      const T* pa = a0 + batch_offset(bi, batch, sa) + i * a_rs;
+      const T* pb = b0 + batch_offset(bi, batch, sb);
+      std::fill(acc.begin(), acc.end(), 0);
+      for (std::int64_t k = 0; k < K; ++k) {
+        const std::uint64_t av = widen(pa[k * a_cs]);
+        const T* brow = pb + k * b_rs;
+        for (std::int64_t j = 0; j < N; ++j) acc[static_cast<std::size_t>(j)] += av * widen(brow[j * b_cs]);
+      }
+      for (std::int64_t j = 0; j < N; ++j) c[r * N + j] = static_cast<T>(acc[static_cast<std::size_t>(j)]);
+    }
+  });
+}
+
+// c (batch..., M, N), contiguous = a (..., M, K) @ b (..., K, N), where the
+// batch dims of a and b broadcast to `batch`; a and b have dtype T.
+template <class T>
+void product(const Tensor& a, const Tensor& b, const Shape& batch, T* c) {
+  const auto na = static_cast<std::size_t>(a.ndim());
+  const std::int64_t M = a.shape()[na - 2], K = a.shape()[na - 1], N = b.shape().back();
+  const std::int64_t B = checked_numel(batch);
+  if (B == 0 || M == 0 || N == 0) return;
+  if (K == 0) {
+    std::fill_n(c, B * M * N, T(0));
+    return;
+  }
+  if constexpr (std::is_floating_point_v<T>) blas_product(a, b, batch, c, M, K, N, B);
+  else integer_product(a, b, batch, c, M, K, N, B);
+}
+
+// A 1-d operand as a 1 x K row (as_row) or a K x 1 column, sharing storage.
+inline Tensor as_matrix(const Tensor& v, bool as_row) {
+  const std::int64_t k = v.shape()[0], s = v.strides()[0];
+  return as_row ? v.view({1, k}, {k * s, s}, v.offset()) : v.view({k, 1}, {s, 1}, v.offset());
+}
+
+inline Tensor to_dtype(const Tensor& t, DType d) { return t.dtype() == d ? t : t.astype(d); }
+
+}  // namespace detail::linalg
+
+// NumPy's matmul: the last two dims are matrices, the others batch dims that
+// broadcast; a 1-d first operand is a row and a 1-d second operand a column,
+// and that dim is dropped from the result. 0-d operands are rejected.
+template <tensor_like A, tensor_like B>
+Tensor matmul(A&& a_in, B&& b_in) {
+  namespace la = detail::linalg;
+  Tensor a = eval(a_in), b = eval(b_in);
+  a.require("matmul");
+  b.require("matmul");
+  const Shape sa = a.shape(), sb = b.shape();
+  if (sa.empty() || sb.empty())
+    fail<ShapeError>("matmul: shapes ", to_string(sa), " and ", to_string(sb),
+                     ": a 0-d operand has no matrix dimensions (use multiply)");
+  if (a.device() != b.device())
+    fail<DeviceError>("matmul: operands live on ", a.device(), " and ", b.device(), "; copy one with to(device) first");
+  const DType dtype = promote_types(a.dtype(), b.dtype());
+  a = la::to_dtype(a, dtype);
+  b = la::to_dtype(b, dtype);
+  if (sa.size() == 1) a = la::as_matrix(a, true);
+  if (sb.size() == 1) b = la::as_matrix(b, false);
+  const auto na = static_cast<std::size_t>(a.ndim()), nb = static_cast<std::size_t>(b.ndim());
+  if (a.shape()[na - 1] != b.shape()[nb - 2])
+    fail<ShapeError>("matmul: shapes ", to_string(sa), " and ", to_string(sb), " are not aligned (",
+                     a.shape()[na - 1], " != ", b.shape()[nb - 2], ")");
+  Shape batch;
+  try {
+    batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2),
+                             Shape(b.shape().begin(), b.shape().end() - 2), "matmul");
+  } catch (const ShapeError&) {
+    fail<ShapeError>("matmul: the batch dimensions of shapes ", to_string(sa), " and ", to_string(sb),
+                     " cannot be broadcast together");
+  }
+  Shape out_shape = batch;
+  if (sa.size() > 1) out_shape.push_back(a.shape()[na - 2]);
+  if (sb.size() > 1) out_shape.push_back(b.shape()[nb - 1]);
+  Tensor out(out_shape, dtype, a.device());
+  dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    la::product<T>(a, b, batch, static_cast<T*>(out.raw_data()));
+  });
+  return out;
+}
+
+// numpy.dot: with a 0-d operand, an elementwise product; otherwise a sum over
+// the last axis of a and the second-to-last axis of b (the only axis when b
+// is 1-d). The result's shape is a.shape[:-1] + b.shape[:-2] + b.shape[-1:].
+template <tensor_like A, tensor_like B>
+Tensor dot(A&& a_in, B&& b_in) {
+  namespace la = detail::linalg;
+  Tensor a = eval(a_in), b = eval(b_in);
+  a.require("dot");
+  b.require("dot");
+  if (a.ndim() == 0 || b.ndim() == 0) return eval(a * b);
+  if (a.device() != b.device())
+    fail<DeviceError>("dot: operands live on ", a.device(), " and ", b.device(), "; copy one with to(device) first");
+  const Shape sa = a.shape(), sb = b.shape();
+  const std::int64_t K = sa.back(), kb = sb.size() == 1 ? sb[0] : sb[sb.size() - 2];
+  if (K != kb)
+    fail<ShapeError>("dot: shapes ", to_string(sa), " and ", to_string(sb), " are not aligned (", K, " != ", kb, ")");
+  const DType dtype = promote_types(a.dtype(), b.dtype());
+  a = la::to_dtype(a, dtype);
+  b = la::to_dtype(b, dtype);
+
+  Shape out_shape(sa.begin(), sa.end() - 1);
+  std::int64_t rest_of_b = 1;  // product of b's extents other than K
+  if (sb.size() >= 2) {
+    out_shape.insert(out_shape.end(), sb.begin(), sb.end() - 2);
+    out_shape.push_back(sb.back());
+    for (std::size_t d = 0; d < sb.size(); ++d)
+      if (d != sb.size() - 2) rest_of_b *= sb[d];
+  }
+  // a as (P, K) rows; b as one (K, Q * N) matrix whose columns are b's
+  // batch-major (q, n) pairs, so a single product yields the result's layout.
+  Tensor a2 = sa.size() == 1 ? la::as_matrix(a, true)
+              : sa.size() == 2 ? a
+                               : reshape(a, {checked_numel(Shape(sa.begin(), sa.end() - 1)), K});
+  Tensor b2;
+  if (sb.size() == 1) {
+    b2 = la::as_matrix(b, false);
+  } else if (sb.size() == 2) {
+    b2 = b;
+  } else {
+    std::vector<std::int64_t> k_first{static_cast<std::int64_t>(sb.size()) - 2};
+    for (std::size_t d = 0; d < sb.size(); ++d)
+      if (d != sb.size() - 2) k_first.push_back(static_cast<std::int64_t>(d));
+    b2 = reshape(transpose(b, k_first), {K, rest_of_b});
+  }
+  Tensor out(out_shape, dtype, a.device());
+  dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    la::product<T>(a2, b2, Shape{}, static_cast<T*>(out.raw_data()));
+  });
+  return out;
+}
+
+}  // namespace hybra

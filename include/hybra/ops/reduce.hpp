@@ -1,0 +1,415 @@
+#pragma once
+// Reductions: sum, mean, max, min over any set of axes, and argmax.
+//
+// The input is made contiguous and its dims are collapsed into runs of
+// reduced and kept dims; each reduced run is then one pass of a kernel over a
+// contiguous (outer, R, inner) block: with inner == 1 it reduces contiguous
+// rows, otherwise it accumulates whole rows of `inner` elements at a time, so
+// both loops read memory in order and vectorise. Only interleaved axes
+// (e.g. axes 0 and 2 of a 3-d tensor) need a second pass.
+//
+// Accuracy: float sums (and every mean) accumulate in double, so a float32
+// sum of 1e6 elements is correct to float32 rounding. Along a contiguous run
+// the sum is also pairwise (blocks of 128, as NumPy), which keeps float64
+// sums accurate; across rows (a reduced axis that is not innermost) each
+// column adds row by row, as NumPy does. Integer sums accumulate modulo 2^64
+// and return int64, wrapping like NumPy.
+//
+// Work is cut into tasks that depend only on the shape (never on the thread
+// count), so a result is the same however many threads compute it.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../backend/cpu/threads.hpp"
+#include "../core/creation.hpp"
+#include "../expr/evaluate.hpp"
+#include "layout.hpp"
+
+namespace hybra {
+
+namespace detail::reduce {
+
+using i64 = std::int64_t;
+
+template <class Acc, class In>
+Acc load(In v) {
+  if constexpr (std::is_same_v<Acc, std::uint64_t>) return static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
+  else return static_cast<Acc>(v);
+}
+
+inline constexpr i64 pairwise_block = 128;
+
+template <class Acc, class In>
+Acc pairwise_sum(const In* p, i64 n) {
+  if (n <= pairwise_block) {
+    Acc s = 0;
+#pragma omp simd reduction(+ : s)
+    for (i64 i = 0; i < n; ++i) s += load<Acc>(p[i]);
+    return s;
+  }
+  const i64 half = n / 2 / 16 * 16;
+  return pairwise_sum<Acc>(p, half) + pairwise_sum<Acc>(p + half, n - half);
+}
+
+// v replaces acc when it is more extreme or NaN; a NaN acc stays, so NaN
+// propagates as in NumPy's max/min.
+template <bool Max, class T>
+T pick(T acc, T v) {
+  if constexpr (Max) return (v > acc || v != v) ? v : acc;
+  else return (v < acc || v != v) ? v : acc;
+}
+
+// max/min of a contiguous run (n >= 1). NaN is tracked in a separate flag
+// so that the loop is a plain vector max/min reduction.
+template <bool Max, class T>
+T row_extreme(const T* p, i64 n) {
+  T m = p[0];
+  int nan = 0;
+  if constexpr (Max) {
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (i64 i = 0; i < n; ++i) {
+      m = p[i] > m ? p[i] : m;
+      nan |= p[i] != p[i];
+    }
+  } else {
+#pragma omp simd reduction(min : m) reduction(| : nan)
+    for (i64 i = 0; i < n; ++i) {
+      m = p[i] < m ? p[i] : m;
+      nan |= p[i] != p[i];
+    }
+  }
+  if constexpr (std::is_floating_point_v<T>)
+    if (nan) return std::numeric_limits<T>::quiet_NaN();
+  return m;
+}
+
+// A policy reduces a contiguous row (row), accumulates whole rows
+// elementwise (first_row, next_row; r is the row's index along the reduced
+// axis) and combines two partial results in order (combine).
+template <class Acc>
+struct sum_op {
+  using acc = Acc;
+  template <class In>
+  static Acc row(const In* p, i64 n, i64) {
+    return pairwise_sum<Acc>(p, n);
+  }
+  template <class In>
+  static void first_row(Acc* o, const In* p, i64 n, i64) {
+#pragma omp simd
+    for (i64 j = 0; j < n; ++j) o[j] = load<Acc>(p[j]);
+  }
+  template <class In>
+  static void next_row(Acc* o, const In* p, i64 n, i64) {
+#pragma omp simd
+    for (i64 j = 0; j < n; ++j) o[j] += load<Acc>(p[j]);
+  }
+  static Acc combine(Acc a, Acc b) { return a + b; }
+};
+
+template <class T, bool Max>
+struct extreme_op {
+  using acc = T;
+  static T row(const T* p, i64 n, i64) { return row_extreme<Max>(p, n); }
+  static void first_row(T* o, const T* p, i64 n, i64) { std::copy_n(p, n, o); }
+  static void next_row(T* o, const T* p, i64 n, i64) {
+#pragma omp simd
+    for (i64 j = 0; j < n; ++j) o[j] = pick<Max>(o[j], p[j]);
+  }
+  static T combine(T a, T b) { return pick<Max>(a, b); }
+};
+
+template <class T>
+struct arg_entry {
+  T value;
+  i64 index;
+};
+
+// First index of the maximum; the first NaN wins over any number (NumPy).
+template <class T>
+struct argmax_op {
+  using acc = arg_entry<T>;
+  static bool better(T v, T best) { return v > best || (v != v && best == best); }
+  // The maximum is found vectorised, then its first position: a block of
+  // 16 at a time is tested with one vector compare, then the hit block.
+  static acc row(const T* p, i64 n, i64 first) {
+    const T m = row_extreme<true>(p, n);
+    auto find = [&](auto is_max) {
+      i64 i = 0;
+      for (; i + 16 <= n; i += 16) {
+        int hit = 0;
+#pragma omp simd reduction(| : hit)
+        for (i64 k = 0; k < 16; ++k) hit |= is_max(p[i + k]);
+        if (hit) break;
+      }
+      while (!is_max(p[i])) ++i;
+      return i;
+    };
+    const i64 i = m != m ? find([](T v) { return v != v; }) : find([m](T v) { return v == m; });
+    return {m, first + i};
+  }
+  static void first_row(acc* o, const T* p, i64 n, i64 r) {
+    for (i64 j = 0; j < n; ++j) o[j] = {p[j], r};
+  }
+  static void next_row(acc* o, const T* p, i64 n, i64 r) {
+    for (i64 j = 0; j < n; ++j)
+      if (better(p[j], o[j].value)) o[j] = {p[j], r};
+  }
+  static acc combine(acc a, acc b) { return better(b.value, a.value) ? b : a; }
+};
+
+// Reduces x, a contiguous (O, R, I) block with R >= 1, over its middle axis
+// into out, a contiguous (O, I) block.
+template <class P, class In>
+void reduce_3d(const In* x, typename P::acc* out, i64 O, i64 R, i64 I) {
+  using Acc = typename P::acc;
+  // With fewer independent outputs (or column blocks) than `few`, the reduced
+  // axis is cut into pieces of at least `task` elements so all threads work.
+  constexpr i64 task = 1 << 16, few = 16, max_pieces = 64;
+  if (I == 1) {
+    const i64 len = O >= few ? R : std::max(task, (R + max_pieces - 1) / max_pieces);
+    const i64 pieces = (R + len - 1) / len;
+    if (pieces == 1) {
+      backend::cpu::parallel_for(O, R, [&](i64 first, i64 last) {
+        for (i64 o = first; o < last; ++o) out[o] = P::row(x + o * R, R, 0);
+      });
+      return;
+    }
+    std::vector<Acc> part(static_cast<std::size_t>(O * pieces));
+    backend::cpu::parallel_for(O * pieces, len, [&](i64 first, i64 last) {
+      for (i64 t = first; t < last; ++t) {
+        const i64 o = t / pieces, r0 = (t % pieces) * len;
+        part[static_cast<std::size_t>(t)] = P::row(x + o * R + r0, std::min(len, R - r0), r0);
+      }
+    });
+    for (i64 o = 0; o < O; ++o) {
+      Acc a = part[static_cast<std::size_t>(o * pieces)];
+      for (i64 c = 1; c < pieces; ++c) a = P::combine(a, part[static_cast<std::size_t>(o * pieces + c)]);
+      out[o] = a;
+    }
+    return;
+  }
+  const i64 width = std::min<i64>(I, 1024);  // columns per task
+  const i64 blocks = (I + width - 1) / width;
+  const i64 len = O * blocks >= few ? R : std::max((task + width - 1) / width, (R + max_pieces - 1) / max_pieces);
+  const i64 pieces = (R + len - 1) / len;
+  std::vector<Acc> part(pieces > 1 ? static_cast<std::size_t>(O * pieces * I) : 0);
+  backend::cpu::parallel_for(O * blocks * pieces, len * width, [&](i64 first, i64 last) {
+    for (i64 t = first; t < last; ++t) {
+      const i64 c = t % pieces, block = (t / pieces) % blocks, o = t / pieces / blocks;
+      const i64 j0 = block * width, n = std::min(width, I - j0);
+      const i64 r0 = c * len, r1 = std::min(R, r0 + len);
+      Acc* dst = pieces == 1 ? out + o * I + j0 : part.data() + (o * pieces + c) * I + j0;
+      const In* src = x + o * R * I + j0;
+      P::first_row(dst, src + r0 * I, n, r0);
+      for (i64 r = r0 + 1; r < r1; ++r) P::next_row(dst, src + r * I, n, r);
+    }
+  });
+  if (pieces == 1) return;
+  for (i64 o = 0; o < O; ++o)
+    for (i64 j = 0; j < I; ++j) {
+      Acc a = part[static_cast<std::size_t>(o * pieces * I + j)];
+      for (i64 c = 1; c < pieces; ++c) a = P::combine(a, part[static_cast<std::size_t>((o * pieces + c) * I + j)]);
+      out[o * I + j] = a;
+    }
+}
+
+struct run {
+  i64 extent;
+  bool reduced;
+};
+
+// The contiguous shape as alternating runs of kept and reduced dims; dims of
+// extent 1 are dropped, as they change no index.
+inline std::vector<run> collapse(const Shape& shape, const std::vector<bool>& reduced) {
+  std::vector<run> runs;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    if (!runs.empty() && runs.back().reduced == reduced[d]) runs.back().extent *= shape[d];
+    else runs.push_back({shape[d], reduced[d]});
+  }
+  return runs;
+}
+
+// Reduces every reduced run of a contiguous tensor, innermost first; the
+// result holds the kept elements in order. Needs at least one reduced run.
+template <class P, class T>
+std::vector<typename P::acc> reduce_runs(const T* x, std::vector<run> runs) {
+  std::vector<typename P::acc> cur;
+  bool first = true;
+  for (;;) {
+    auto it = std::find_if(runs.rbegin(), runs.rend(), [](const run& r) { return r.reduced; });
+    if (it == runs.rend()) break;
+    const auto k = static_cast<std::size_t>(runs.rend() - it - 1);
+    i64 O = 1, I = 1;
+    for (std::size_t d = 0; d < k; ++d) O *= runs[d].extent;
+    for (std::size_t d = k + 1; d < runs.size(); ++d) I *= runs[d].extent;
+    std::vector<typename P::acc> next(static_cast<std::size_t>(O * I));
+    if (first) reduce_3d<P>(x, next.data(), O, runs[k].extent, I);
+    else reduce_3d<P>(cur.data(), next.data(), O, runs[k].extent, I);
+    cur = std::move(next);
+    first = false;
+    runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(k));
+    if (k > 0 && k < runs.size()) {
+      runs[k - 1].extent *= runs[k].extent;
+      runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+  }
+  return cur;
+}
+
+// Which dims are reduced: all when axes is nullopt. Axes may be negative;
+// out-of-range and repeated axes are AxisErrors naming the op and shape.
+inline std::vector<bool> axis_mask(const Shape& shape, const std::optional<std::vector<i64>>& axes,
+                                   std::string_view op) {
+  std::vector<bool> mask(shape.size(), !axes);
+  if (!axes) return mask;
+  for (auto a : *axes) {
+    const int d = detail::checked_axis(a, shape, op);
+    if (mask[static_cast<std::size_t>(d)])
+      fail<AxisError>(op, ": axis ", a, " is repeated in axes ", detail::axes_string(*axes), " for shape ",
+                      to_string(shape));
+    mask[static_cast<std::size_t>(d)] = true;
+  }
+  return mask;
+}
+
+enum class kind { sum, mean, max, min };
+
+template <kind K>
+Tensor reduce(const Tensor& x, const std::optional<std::vector<i64>>& axes, bool keepdims, std::string_view op) {
+  x.require(op.data());
+  const Shape& shape = x.shape();
+  const auto mask = axis_mask(shape, axes, op);
+  Shape out_shape;
+  i64 count = 1;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (!mask[d]) out_shape.push_back(shape[d]);
+    else if (keepdims) out_shape.push_back(1);
+    if (mask[d]) count *= shape[d];
+  }
+  const DType in = x.dtype();
+  const DType out_dtype = K == kind::sum    ? (is_floating(in) ? in : DType::int64)
+                          : K == kind::mean ? (is_floating(in) ? in : DType::float32)
+                                            : in;
+  if (checked_numel(out_shape, op) == 0) return Tensor(out_shape, out_dtype, x.device());
+  if (count == 0) {
+    if constexpr (K == kind::sum) return zeros(out_shape, out_dtype, x.device());
+    if constexpr (K == kind::mean) return full(out_shape, std::numeric_limits<double>::quiet_NaN(), out_dtype, x.device());
+    fail<ValueError>(op, ": cannot reduce a zero-size axis of shape ", to_string(shape), " (", op,
+                     " has no identity)");
+  }
+  if (count == 1) return x.astype(out_dtype).view(out_shape, contiguous_strides(out_shape), 0);
+
+  const Tensor xc = x.contiguous();
+  const auto runs = collapse(shape, mask);
+  Tensor out(out_shape, out_dtype, x.device());
+  dispatch(in, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* p = static_cast<const T*>(xc.raw_data());
+    auto write = [&](const auto& values, auto convert) {
+      using O = decltype(convert(values[0]));
+      O* dst = static_cast<O*>(out.raw_data());
+      backend::cpu::parallel_for(out.size(), 1, [&](i64 first, i64 last) {
+        for (i64 i = first; i < last; ++i) dst[i] = convert(values[static_cast<std::size_t>(i)]);
+      });
+    };
+    if constexpr (K == kind::sum) {
+      using Acc = std::conditional_t<std::is_floating_point_v<T>, double, std::uint64_t>;
+      using O = std::conditional_t<std::is_floating_point_v<T>, T, std::int64_t>;
+      write(reduce_runs<sum_op<Acc>>(p, runs), [](Acc v) { return static_cast<O>(v); });
+    } else if constexpr (K == kind::mean) {
+      const double n = static_cast<double>(count);
+      write(reduce_runs<sum_op<double>>(p, runs), [n](double v) { return static_cast<floating_t<T>>(v / n); });
+    } else {
+      write(reduce_runs<extreme_op<T, K == kind::max>>(p, runs), [](T v) { return v; });
+    }
+  });
+  return out;
+}
+
+}  // namespace detail::reduce
+
+// The axes a reduction runs over: all of them (the default, also written
+// std::nullopt or {}), one axis, or a list such as {0, -1}. Negative axes
+// count from the end. An explicitly empty std::vector reduces over no axis.
+class Axes {
+ public:
+  Axes() = default;
+  Axes(std::nullopt_t) {}  // NOLINT(google-explicit-constructor): sum(x, std::nullopt, true)
+  Axes(std::int64_t axis) : list_(std::vector<std::int64_t>{axis}) {}  // NOLINT: sum(x, 1)
+  Axes(std::initializer_list<std::int64_t> axes) : list_(std::vector<std::int64_t>(axes)) {}
+  Axes(std::vector<std::int64_t> axes) : list_(std::move(axes)) {}  // NOLINT
+  const std::optional<std::vector<std::int64_t>>& list() const { return list_; }
+
+ private:
+  std::optional<std::vector<std::int64_t>> list_;
+};
+
+// Sum; integers sum to int64, floats keep their dtype; an empty sum is 0.
+template <tensor_like X>
+Tensor sum(X&& x, const Axes& axes = {}, bool keepdims = false) {
+  return detail::reduce::reduce<detail::reduce::kind::sum>(eval(x), axes.list(), keepdims, "sum");
+}
+
+// Mean; integers give float32. An empty mean is NaN.
+template <tensor_like X>
+Tensor mean(X&& x, const Axes& axes = {}, bool keepdims = false) {
+  return detail::reduce::reduce<detail::reduce::kind::mean>(eval(x), axes.list(), keepdims, "mean");
+}
+
+// Maximum, in x's dtype; NaN wins. Reducing an empty axis is a ValueError.
+template <tensor_like X>
+Tensor max(X&& x, const Axes& axes = {}, bool keepdims = false) {
+  return detail::reduce::reduce<detail::reduce::kind::max>(eval(x), axes.list(), keepdims, "max");
+}
+
+// Minimum, in x's dtype; NaN wins. Reducing an empty axis is a ValueError.
+template <tensor_like X>
+Tensor min(X&& x, const Axes& axes = {}, bool keepdims = false) {
+  return detail::reduce::reduce<detail::reduce::kind::min>(eval(x), axes.list(), keepdims, "min");
+}
+
+// int64 index of the first maximum along `axis`, or into the flattened
+// tensor when axis is omitted (as NumPy); the first NaN counts as the maximum.
+template <tensor_like X>
+Tensor argmax(X&& x_in, std::optional<std::int64_t> axis = std::nullopt, bool keepdims = false) {
+  using detail::reduce::i64;
+  Tensor x = eval(x_in);
+  x.require("argmax");
+  const Shape& shape = x.shape();
+  Shape out_shape;
+  i64 O = 1, R = x.size(), I = 1;
+  if (axis) {
+    const auto ax = static_cast<std::size_t>(detail::checked_axis(*axis, shape, "argmax"));
+    R = shape[ax];
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      if (d < ax) O *= shape[d];
+      if (d > ax) I *= shape[d];
+      if (d != ax) out_shape.push_back(shape[d]);
+      else if (keepdims) out_shape.push_back(1);
+    }
+  } else if (keepdims) {
+    out_shape.assign(shape.size(), 1);
+  }
+  Tensor out(out_shape, DType::int64, x.device());
+  if (out.size() == 0) return out;
+  if (R == 0) fail<ValueError>("argmax: cannot reduce a zero-size axis of shape ", to_string(shape), " (argmax has no identity)");
+  const Tensor xc = x.contiguous();
+  dispatch(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using P = detail::reduce::argmax_op<T>;
+    std::vector<typename P::acc> found(static_cast<std::size_t>(O * I));
+    detail::reduce::reduce_3d<P>(static_cast<const T*>(xc.raw_data()), found.data(), O, R, I);
+    auto* dst = static_cast<std::int64_t*>(out.raw_data());
+    for (std::size_t i = 0; i < found.size(); ++i) dst[i] = found[i].index;
+  });
+  return out;
+}
+
+}  // namespace hybra

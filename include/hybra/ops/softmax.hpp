@@ -1,0 +1,130 @@
+#pragma once
+// softmax and log_softmax along one axis, computed stably: the maximum is
+// subtracted before exp, so no exp overflows (inputs of 1000 are fine), and
+// log_softmax is x - max - log(sum(exp(x - max))) rather than log(softmax),
+// which would turn underflowed probabilities into -inf. The exp sums
+// accumulate in double. Integer inputs are computed in float32.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "../backend/cpu/threads.hpp"
+#include "../expr/evaluate.hpp"
+#include "reduce.hpp"
+
+namespace hybra {
+
+namespace detail::softmax {
+
+using i64 = std::int64_t;
+
+// y = softmax (or log_softmax) of x, both contiguous (O, R, I) blocks,
+// normalised over the middle axis; R >= 1.
+template <bool Log, class T>
+void softmax_3d(const T* x, T* y, i64 O, i64 R, i64 I) {
+  if (I == 1) {
+    backend::cpu::parallel_for(O, R, [&](i64 first, i64 last) {
+      for (i64 o = first; o < last; ++o) {
+        const T* p = x + o * R;
+        T* q = y + o * R;
+        const T m = reduce::row_extreme<true>(p, R);
+        double s = 0;
+        if constexpr (Log) {
+#pragma omp simd reduction(+ : s)
+          for (i64 i = 0; i < R; ++i) s += std::exp(p[i] - m);
+          const T log_s = static_cast<T>(std::log(s));
+#pragma omp simd
+          for (i64 i = 0; i < R; ++i) q[i] = (p[i] - m) - log_s;
+        } else {
+#pragma omp simd reduction(+ : s)
+          for (i64 i = 0; i < R; ++i) {
+            const T e = std::exp(p[i] - m);
+            q[i] = e;
+            s += e;
+          }
+          const T inv = static_cast<T>(1 / s);
+#pragma omp simd
+          for (i64 i = 0; i < R; ++i) q[i] *= inv;
+        }
+      }
+    });
+    return;
+  }
+  // Normalising over a non-last axis: each task handles a block of columns,
+  // walking the R rows three times (max, exp-sum, scale) in memory order.
+  const i64 width = std::min<i64>(I, 1024);
+  const i64 blocks = (I + width - 1) / width;
+  backend::cpu::parallel_for(O * blocks, R * width, [&](i64 first, i64 last) {
+    std::vector<T> m(static_cast<std::size_t>(width));
+    std::vector<double> s(static_cast<std::size_t>(width));
+    for (i64 t = first; t < last; ++t) {
+      const i64 o = t / blocks, j0 = (t % blocks) * width, n = std::min(width, I - j0);
+      const T* p = x + o * R * I + j0;
+      T* q = y + o * R * I + j0;
+      std::copy_n(p, n, m.data());
+      for (i64 r = 1; r < R; ++r) {
+#pragma omp simd
+        for (i64 j = 0; j < n; ++j) m[j] = reduce::pick<true>(m[j], p[r * I + j]);
+      }
+      std::fill_n(s.data(), n, 0.0);
+      for (i64 r = 0; r < R; ++r) {
+#pragma omp simd
+        for (i64 j = 0; j < n; ++j) {
+          const T e = std::exp(p[r * I + j] - m[j]);
+          if constexpr (!Log) q[r * I + j] = e;
+          s[j] += e;
+        }
+      }
+      for (i64 j = 0; j < n; ++j) s[j] = Log ? std::log(s[j]) : 1 / s[j];
+      for (i64 r = 0; r < R; ++r) {
+#pragma omp simd
+        for (i64 j = 0; j < n; ++j) {
+          if constexpr (Log) q[r * I + j] = (p[r * I + j] - m[j]) - static_cast<T>(s[j]);
+          else q[r * I + j] *= static_cast<T>(s[j]);
+        }
+      }
+    }
+  });
+}
+
+template <bool Log>
+Tensor run(Tensor x, std::int64_t axis, std::string_view op) {
+  x.require(op.data());
+  // A 0-d tensor is one element along its only "axis" (-1 or 0), as PyTorch.
+  const Shape& shape = x.shape();
+  const Shape as_1d = shape.empty() ? Shape{1} : shape;
+  if (shape.empty() && axis != 0 && axis != -1)
+    fail<AxisError>(op, ": axis ", axis, " is out of range for a tensor of shape ()");
+  const auto ax = static_cast<std::size_t>(detail::checked_axis(axis, as_1d, op));
+  if (!is_floating(x.dtype())) x = x.astype(DType::float32);
+  x = x.contiguous();
+  Tensor out(shape, x.dtype(), x.device());
+  if (out.size() == 0) return out;
+  i64 O = 1, I = 1;
+  for (std::size_t d = 0; d < as_1d.size(); ++d) {
+    if (d < ax) O *= as_1d[d];
+    if (d > ax) I *= as_1d[d];
+  }
+  dispatch(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_floating_point_v<T>)
+      softmax_3d<Log>(static_cast<const T*>(x.raw_data()), static_cast<T*>(out.raw_data()), O, as_1d[ax], I);
+  });
+  return out;
+}
+
+}  // namespace detail::softmax
+
+// exp(x) / sum(exp(x)) along `axis`.
+template <tensor_like X>
+Tensor softmax(X&& x, std::int64_t axis = -1) {
+  return detail::softmax::run<false>(eval(x), axis, "softmax");
+}
+
+// log(softmax(x)) along `axis`, without forming softmax(x).
+template <tensor_like X>
+Tensor log_softmax(X&& x, std::int64_t axis = -1) {
+  return detail::softmax::run<true>(eval(x), axis, "log_softmax");
+}
+
+}  // namespace hybra
