@@ -60,6 +60,60 @@ inline Strides broadcast_strides(const Tensor& t, const Shape& shape) {
   return s;
 }
 
+// How a strided evaluation walks its operands: strides per operand (the
+// output last) over the output's dims, neighbouring dims merged wherever every
+// operand is contiguous across them, cut into work items that are pieces of
+// rows (so one long broadcast row still splits across threads). It does not
+// depend on dtypes or the expression, so it is compiled once, not per kernel.
+struct strided_plan {
+  Shape dims;
+  boost::container::small_vector<Strides, 9> strides;
+  boost::container::small_vector<std::int64_t, 9> inner_stride;
+  std::int64_t inner = 1, piece = 1, pieces_per_row = 1, items = 0;
+
+  strided_plan(const leaf_list& leaves, const Tensor& out) : strides(leaves.size() + 1) {
+    const auto& shape = out.shape();
+    const std::size_t nl = leaves.size();
+    boost::container::small_vector<Strides, 9> full;
+    for (auto* t : leaves) full.push_back(broadcast_strides(*t, shape));
+    full.push_back(out.strides());
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] == 1) continue;
+      bool merge = !dims.empty();
+      for (std::size_t l = 0; merge && l <= nl; ++l) merge = strides[l].back() == full[l][d] * shape[d];
+      if (merge) dims.back() *= shape[d];
+      else dims.push_back(shape[d]);
+      for (std::size_t l = 0; l <= nl; ++l) {
+        if (merge) strides[l].back() = full[l][d];
+        else strides[l].push_back(full[l][d]);
+      }
+    }
+    if (dims.empty()) {
+      dims.push_back(1);
+      for (auto& s : strides) s.push_back(0);
+    }
+    for (auto& s : strides) inner_stride.push_back(s.back());
+    inner = dims.back();
+    const std::int64_t rows = out.size() / inner;
+    piece = rows >= num_threads() ? inner : std::max<std::int64_t>(1024, inner / num_threads());
+    pieces_per_row = (inner + piece - 1) / piece;
+    items = rows * pieces_per_row;
+  }
+
+  // Writes each operand's element offset for work item `item` into off[]
+  // (the output's last) and returns the item's length.
+  std::int64_t locate(std::int64_t item, std::int64_t* off) const {
+    const std::size_t operands = strides.size();
+    const std::int64_t row = item / pieces_per_row, from = (item % pieces_per_row) * piece;
+    for (std::size_t l = 0; l < operands; ++l) off[l] = from * inner_stride[l];
+    for (std::int64_t r = row, d = static_cast<std::int64_t>(dims.size()) - 2; d >= 0; --d) {
+      for (std::size_t l = 0; l < operands; ++l) off[l] += (r % dims[d]) * strides[l][d];
+      r /= dims[d];
+    }
+    return std::min(inner, from + piece) - from;
+  }
+};
+
 // Runs e's kernel (tensor dtype T) into `out` (C++ type O, out.shape() is the
 // broadcast shape of every leaf). Any layout on either side.
 template <class T, class O, class E>
@@ -77,65 +131,48 @@ void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
   O* dst = static_cast<O*>(out.raw_data());
   if (flat) {
     auto k = kernel::build<T, kernel::flat_leaf>(e, ptrs.data(), nullptr);
-    backend::cpu::parallel_for(n, 1, [&](std::int64_t begin, std::int64_t end) {
+    auto run = [&](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
       for (std::int64_t i = begin; i < end; ++i) dst[i] = static_cast<O>(k(i));
-    });
+    };
+    if constexpr (!decltype(k)::costly) {
+      backend::cpu::parallel_for(n, 1, run);
+    } else {
+      // With vector math calls in the loop body, too few loads are in flight
+      // for the hardware prefetcher to hide memory latency on arrays beyond
+      // the caches (such a loop ran 3-6% behind Eigen's inline math on 2^24
+      // floats, docs/benchmarks.md), so the loop requests its operands 2 KiB
+      // ahead. Chunks are whole cache lines, a multiple of every vector
+      // width, so each element takes the same code path (vector body or
+      // scalar tail) and gets the same value as in one unchunked loop.
+      constexpr std::int64_t line = 64 / sizeof(T), chunk = 4 * line, ahead = 2048 / sizeof(T);
+      backend::cpu::parallel_for(n, 1, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t c = begin; c < end; c += chunk) {
+          for (std::int64_t i = c + ahead; i < std::min(end, c + ahead + chunk); i += line) k.prefetch(i);
+          run(c, std::min(end, c + chunk));
+        }
+      });
+    }
     return;
   }
 
-  // Strides per operand (the output last) over the output's dims, merging
-  // neighbouring dims wherever every operand is contiguous across them.
-  boost::container::small_vector<Strides, 9> full;
-  for (auto* t : leaves) full.push_back(broadcast_strides(*t, shape));
-  full.push_back(out.strides());
-  Shape dims;
-  boost::container::small_vector<Strides, 9> st(nl + 1);
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    bool merge = !dims.empty();
-    for (std::size_t l = 0; merge && l <= nl; ++l) merge = st[l].back() == full[l][d] * shape[d];
-    if (merge) dims.back() *= shape[d];
-    else dims.push_back(shape[d]);
-    for (std::size_t l = 0; l <= nl; ++l) {
-      if (merge) st[l].back() = full[l][d];
-      else st[l].push_back(full[l][d]);
-    }
-  }
-  if (dims.empty()) {
-    dims.push_back(1);
-    for (auto& s : st) s.push_back(0);
-  }
-  boost::container::small_vector<std::int64_t, 9> inner_stride;
-  for (auto& s : st) inner_stride.push_back(s.back());
-  const std::int64_t inner = dims.back(), rows = n / inner;
-  // Work items are pieces of rows, so one long broadcast row still splits.
-  const std::int64_t piece = rows >= num_threads() ? inner : std::max<std::int64_t>(1024, inner / num_threads());
-  const std::int64_t pieces_per_row = (inner + piece - 1) / piece;
-  const std::int64_t items = rows * pieces_per_row;
-  auto run_items = [&](std::int64_t first, std::int64_t last) {
-    boost::container::small_vector<const T*, 8> row_ptrs(nl);
+  const strided_plan plan(leaves, out);
+  backend::cpu::parallel_for(plan.items, std::min(plan.piece, plan.inner), [&](std::int64_t first, std::int64_t last) {
+    boost::container::small_vector<const T*, 8> item_ptrs(nl);
+    boost::container::small_vector<std::int64_t, 9> off(nl + 1);
     for (std::int64_t item = first; item < last; ++item) {
-      std::int64_t row = item / pieces_per_row, from = (item % pieces_per_row) * piece;
-      std::int64_t len = std::min(inner, from + piece) - from;
-      std::int64_t out_off = from * inner_stride[nl];
-      boost::container::small_vector<std::int64_t, 9> off(nl + 1, 0);
-      for (std::int64_t r = row, d = static_cast<std::int64_t>(dims.size()) - 2; d >= 0; --d) {
-        for (std::size_t l = 0; l <= nl; ++l) off[l] += (r % dims[d]) * st[l][d];
-        r /= dims[d];
-      }
-      for (std::size_t l = 0; l < nl; ++l) row_ptrs[l] = ptrs[l] + off[l] + from * inner_stride[l];
-      auto k = kernel::build<T, kernel::strided_leaf>(e, row_ptrs.data(), inner_stride.data());
-      O* o = dst + off[nl] + out_off;
-      const std::int64_t os = inner_stride[nl];
+      const std::int64_t len = plan.locate(item, off.data());
+      for (std::size_t l = 0; l < nl; ++l) item_ptrs[l] = ptrs[l] + off[l];
+      auto k = kernel::build<T, kernel::strided_leaf>(e, item_ptrs.data(), plan.inner_stride.data());
+      O* o = dst + off[nl];
+      const std::int64_t os = plan.inner_stride[nl];
       if (os == 1) {
         for (std::int64_t i = 0; i < len; ++i) o[i] = static_cast<O>(k(i));
       } else {
         for (std::int64_t i = 0; i < len; ++i) o[i * os] = static_cast<O>(k(i));
       }
     }
-  };
-  backend::cpu::parallel_for(items, std::min(piece, inner), run_items);
+  });
 }
 
 template <class E>

@@ -17,18 +17,24 @@ using scalar_type_t =
     std::conditional_t<std::is_floating_point_v<S>, std::conditional_t<std::is_same_v<S, float>, float, double>,
                        std::conditional_t<(sizeof(S) <= 4), std::int32_t, std::int64_t>>;
 
+// Every kernel type has `costly` (does the subtree contain a costly op of the
+// op table) and, on the flat path, `prefetch(i)` (asks the cache for element i
+// of every tensor leaf; see run_fused).
 template <class T>
 struct flat_leaf {
   using type = T;
   static constexpr bool weak = false;
+  static constexpr bool costly = false;
   const T* p;
   T operator()(std::int64_t i) const { return p[i]; }
+  void prefetch(std::int64_t i) const { __builtin_prefetch(p + i); }
 };
 
 template <class T>
 struct strided_leaf {
   using type = T;
   static constexpr bool weak = false;
+  static constexpr bool costly = false;
   const T* p;
   std::int64_t stride;
   T operator()(std::int64_t i) const { return p[i * stride]; }
@@ -38,17 +44,23 @@ template <class S>
 struct scalar_leaf {
   using type = S;
   static constexpr bool weak = true;
+  static constexpr bool costly = false;
   S v;
   S operator()(std::int64_t) const { return v; }
+  void prefetch(std::int64_t) const {}
 };
 
 template <class Op, class... Args>
 struct node {
   using type = typename op::result<Op, Args...>::type;
   static constexpr bool weak = (Args::weak && ...);
+  static constexpr bool costly = Op::costly || (Args::costly || ...);
   std::tuple<Args...> args;
 
   type operator()(std::int64_t i) const { return eval(i, std::index_sequence_for<Args...>{}); }
+  void prefetch(std::int64_t i) const {
+    std::apply([i](const auto&... a) { (a.prefetch(i), ...); }, args);
+  }
 
  private:
   template <std::size_t... I>
