@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The whole test suite. Exits non-zero if anything fails.
+#   1. build/       Release: configure, build everything (library, unit tests,
+#                   examples, benchmarks -- benchmarks are built, not run), then
+#                   ctest: unit tests, examples (--smoke), compile-fail tests
+#                   (hybra's static_asserts), and the packaging tests (install to a
+#                   fresh prefix + find_package consumer, add_subdirectory consumer).
+#   2. build-asan/  AddressSanitizer + UBSan, unit tests and examples, run with
+#                   leak detection. -O0 -g1: the same checks as -O1, but the heavy
+#                   test files compile ~25% faster; -g1 still gives file:line.
+# A failing stage does not stop the others (except the stages that need its
+# output); the summary at the end lists each stage with its wall time.
+# Environment: HYBRA_BUILD_DIR, HYBRA_ASAN_BUILD_DIR (build directories),
+# HYBRA_JOBS (parallel ctest jobs, default: number of cores).
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BUILD_DIR=${HYBRA_BUILD_DIR:-build}
+ASAN_DIR=${HYBRA_ASAN_BUILD_DIR:-build-asan}
+JOBS=${HYBRA_JOBS:-$(nproc)}
+SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
+
+# allocator_may_return_null: the tests check that an impossible allocation is an
+# OutOfMemory exception, which needs the allocator to fail rather than abort.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1:strict_string_checks=1:detect_stack_use_after_return=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export CTEST_OUTPUT_ON_FAILURE=1
+
+summary=()
+failed=0
+total_start=$SECONDS
+
+# stage NAME COMMAND...: runs COMMAND, records its status and wall time.
+stage() {
+  local name=$1; shift
+  echo
+  echo "=== [$name] $*"
+  local start=$SECONDS status
+  "$@"
+  status=$?
+  local t=$((SECONDS - start))
+  if ((status == 0)); then
+    summary+=("$(printf '  %-22s %3dm%02ds  ok' "$name" $((t / 60)) $((t % 60)))")
+  else
+    summary+=("$(printf '  %-22s %3dm%02ds  FAILED (exit %d)' "$name" $((t / 60)) $((t % 60)) "$status")")
+    failed=1
+  fi
+  return "$status"
+}
+# run_ctest DIR ARGS...: ctest with its closing summary line kept for the end.
+ctest_lines=()
+run_ctest() {
+  local dir=$1; shift
+  local log status
+  log=$(mktemp)
+  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" "$@" 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+  ctest_lines+=("  $dir: $(grep -E '^[0-9]+% tests passed' "$log" | tail -n1)")
+  rm -f "$log"
+  return "$status"
+}
+skip() { summary+=("$(printf '  %-22s      -    skipped (%s)' "$1" "$2")"); failed=1; }
+
+# 1. Release build: everything, then the full ctest suite.
+if stage "configure" cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+     -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=ON --log-level=WARNING; then
+  if stage "build" cmake --build "$BUILD_DIR"; then
+    stage "ctest" run_ctest "$BUILD_DIR"
+  else
+    skip "ctest" "build failed"
+  fi
+else
+  skip "build" "configure failed"; skip "ctest" "configure failed"
+fi
+
+# 2. Sanitizer build: unit tests and examples under ASan + UBSan.
+if stage "asan configure" cmake -S . -B "$ASAN_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+     "-DCMAKE_CXX_FLAGS=-O0 $SANITIZE" -DCMAKE_CXX_FLAGS_DEBUG=-g1 "-DCMAKE_EXE_LINKER_FLAGS=$SANITIZE" \
+     -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=OFF --log-level=WARNING; then
+  if stage "asan build" cmake --build "$ASAN_DIR"; then
+    # Compile-fail and packaging tests do not run sanitized code: stage 1 ran them.
+    stage "asan ctest" run_ctest "$ASAN_DIR" -LE 'compile_fail|consumer'
+  else
+    skip "asan ctest" "build failed"
+  fi
+else
+  skip "asan build" "configure failed"; skip "asan ctest" "configure failed"
+fi
+
+t=$((SECONDS - total_start))
+echo
+echo "=== test.sh summary (wall time per stage, $(nproc) cores)"
+printf '%s\n' "${summary[@]}"
+printf '  %-22s %3dm%02ds\n' "total" $((t / 60)) $((t % 60))
+((${#ctest_lines[@]})) && printf '%s\n' "${ctest_lines[@]}"
+if ((failed)); then
+  echo "test.sh: FAILED"
+  exit 1
+fi
+echo "test.sh: all stages passed"

@@ -1,0 +1,8 @@
+// expect: hybra::array: element type must be float, double, std::int32_t, std::int64_t or std::uint8_t
+#include <hybra/hybra.hpp>
+#include <vector>
+
+int main() {
+  hybra::Tensor a = hybra::array(std::vector<short>{1, 2, 3});
+  return a.ndim();
+}

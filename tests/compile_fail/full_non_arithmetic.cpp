@@ -1,0 +1,8 @@
+// expect: hybra::full: the fill value must be an arithmetic scalar
+#include <hybra/hybra.hpp>
+#include <string>
+
+int main() {
+  hybra::Tensor a = hybra::full({4}, std::string("1"));
+  return a.ndim();
+}

@@ -1,0 +1,9 @@
+// expect: hybra: an elementwise op needs at least one Tensor or expression operand
+// hybra::pow on two plain numbers is not a tensor op.
+#include <hybra/hybra.hpp>
+
+int main() {
+  auto e = hybra::pow(2, 3);
+  (void)e;
+  return 0;
+}

@@ -1,0 +1,21 @@
+// Computes a fused expression through the public header and checks the values.
+#include <hybra/hybra.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+int main() {
+  hybra::Tensor a = hybra::array({-3.0f, 1.0f, 0.5f, 2.0f});
+  hybra::Tensor b = hybra::array({1.0f, 4.0f, 2.0f, 3.0f});
+  hybra::Tensor c = hybra::relu(a * b + 2);  // one fused pass
+
+  const std::vector<float> expected = {0.0f, 6.0f, 3.0f, 8.0f};
+  std::vector<float> got = c.to_vector<float>();
+  bool ok = c.dtype() == hybra::DType::float32 && got.size() == expected.size();
+  for (std::size_t i = 0; ok && i < got.size(); ++i) ok = std::fabs(got[i] - expected[i]) < 1e-6f;
+  std::printf("relu(a * b + 2) = [");
+  for (std::size_t i = 0; i < got.size(); ++i) std::printf(i ? ", %g" : "%g", static_cast<double>(got[i]));
+  std::printf("]: %s\n", ok ? "PASS" : "FAIL (expected [0, 6, 3, 8])");
+  return ok ? 0 : 1;
+}
