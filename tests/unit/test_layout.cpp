@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <hybra/hybra.hpp>
+
+#include "reference.hpp"
 #include <optional>
 #include <vector>
 
@@ -16,19 +18,8 @@ Tensor iota(const Shape& shape, DType dtype = DType::float32) {
   return arange(0, static_cast<double>(checked_numel(shape)), 1, dtype).view(shape, contiguous_strides(shape), 0);
 }
 
-std::vector<std::int64_t> unravel(std::int64_t flat, const Shape& shape) {
-  std::vector<std::int64_t> idx(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    idx[d] = flat % shape[d];
-    flat /= shape[d];
-  }
-  return idx;
-}
-std::int64_t ravel(const std::vector<std::int64_t>& idx, const Shape& shape) {
-  std::int64_t flat = 0;
-  for (std::size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + idx[d];
-  return flat;
-}
+using test::unravel;
+using test::ravel;
 
 // Python's x[begin:end:step] on a list, by enumerating the indices it keeps.
 std::vector<std::int64_t> py_slice(std::int64_t n, std::optional<std::int64_t> begin, std::optional<std::int64_t> end,

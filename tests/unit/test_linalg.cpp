@@ -4,31 +4,17 @@
 
 #include <cstdint>
 #include <hybra/hybra.hpp>
+
+#include "reference.hpp"
 #include <vector>
 
 using namespace hybra;
 
 namespace {
 
-// Small integers, so every product is exact in float32 and results compare
-// exactly whatever the summation order.
-Tensor make(const Shape& shape, DType dtype, int seed = 0) {
-  std::vector<double> v(static_cast<std::size_t>(checked_numel(shape)));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    auto r = static_cast<double>((i * 7 + static_cast<std::size_t>(seed) * 5 + 3) % 11);
-    v[i] = dtype == DType::uint8 ? r : r - 5;
-  }
-  return array(v, shape).astype(dtype);
-}
+Tensor make(const Shape& shape, DType dtype, int seed = 0) { return test::small_ints(shape, dtype, seed, 11); }
 
-std::vector<std::int64_t> unravel(std::int64_t flat, const Shape& shape) {
-  std::vector<std::int64_t> idx(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    idx[d] = flat % shape[d];
-    flat /= shape[d];
-  }
-  return idx;
-}
+using test::unravel;
 
 // Row-major position of idx in `shape`, broadcasting extents of 1.
 std::int64_t ravel(const std::vector<std::int64_t>& idx, const Shape& shape) {

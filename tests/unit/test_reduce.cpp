@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <hybra/hybra.hpp>
+
+#include "reference.hpp"
 #include <limits>
 #include <optional>
 #include <vector>
@@ -25,24 +27,9 @@ const char* op_name(Op op) {
   return "?";
 }
 
-// Small integers in a scrambled order: sums are exact in every dtype.
-Tensor make(const Shape& shape, DType dtype, int seed = 0) {
-  std::vector<double> v(static_cast<std::size_t>(checked_numel(shape)));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    auto r = static_cast<double>((i * 7 + static_cast<std::size_t>(seed) * 5 + 3) % 13);
-    v[i] = dtype == DType::uint8 ? r : r - 6;
-  }
-  return array(v, shape).astype(dtype);
-}
+Tensor make(const Shape& shape, DType dtype, int seed = 0) { return test::small_ints(shape, dtype, seed, 13); }
 
-std::vector<std::int64_t> unravel(std::int64_t flat, const Shape& shape) {
-  std::vector<std::int64_t> idx(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    idx[d] = flat % shape[d];
-    flat /= shape[d];
-  }
-  return idx;
-}
+using test::unravel;
 
 double as_dtype(DType d, double v) {
   return dispatch(d, [&](auto tag) { return static_cast<double>(static_cast<typename decltype(tag)::type>(v)); });
