@@ -44,7 +44,8 @@ inline Strides contiguous_strides(const Shape& s) {
   std::int64_t acc = 1;
   for (std::size_t i = s.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= s[i] ? s[i] : 1;
+    if (__builtin_mul_overflow(acc, s[i] ? s[i] : 1, &acc))
+      fail<ShapeError>("shape ", to_string(s), " has more elements than fit in int64");
   }
   return st;
 }

@@ -23,9 +23,9 @@ class Tensor {
   Tensor() = default;
 
   // An uninitialised tensor of the given shape.
-  Tensor(const Shape& shape, DType dtype = DType::float32, Device device = cpu())
-      : shape_(shape), strides_(contiguous_strides(shape)), dtype_(dtype) {
+  Tensor(const Shape& shape, DType dtype = DType::float32, Device device = cpu()) : shape_(shape), dtype_(dtype) {
     auto n = static_cast<std::size_t>(checked_numel(shape, "Tensor"));
+    strides_ = contiguous_strides(shape);
     if (n > std::numeric_limits<std::size_t>::max() / size_of(dtype))
       fail<OutOfMemory>("Tensor: shape ", to_string(shape), " of ", name(dtype), " exceeds the address space");
     try {
