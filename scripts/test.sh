@@ -53,7 +53,8 @@ run_ctest() {
   local dir=$1; shift
   local log status
   log=$(mktemp)
-  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" "$@" 2>&1 | tee "$log"
+  # --timeout: a test that hangs fails after 10 minutes instead of ctest's 25.
+  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 600 "$@" 2>&1 | tee "$log"
   status=${PIPESTATUS[0]}
   ctest_lines+=("  $dir: $(grep -E '^[0-9]+% tests passed' "$log" | tail -n1)")
   rm -f "$log"
