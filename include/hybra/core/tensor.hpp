@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -109,5 +110,12 @@ class Tensor {
   std::int64_t offset_ = 0;
   DType dtype_ = DType::float32;
 };
+
+// The operands of one op must live on one device: copies between devices
+// are explicit (to(device)), never implied by an op.
+inline void require_same_device(std::string_view op, const Tensor& a, const Tensor& b) {
+  if (a.device() != b.device())
+    fail<DeviceError>(op, ": operands live on ", a.device(), " and ", b.device(), "; copy one with to(device) first");
+}
 
 }  // namespace hybra

@@ -29,10 +29,7 @@ leaf_list tensor_leaves(const E& e) {
   };
   auto node = [](auto, auto...) { return 0; };
   fold(e, leaf, node);
-  for (auto* t : leaves)
-    if (t->device() != leaves.front()->device())
-      fail<DeviceError>("expression: operands live on ", leaves.front()->device(), " and ", t->device(),
-                        "; copy one with to(device) first");
+  for (auto* t : leaves) require_same_device("expression", *leaves.front(), *t);
   return leaves;
 }
 

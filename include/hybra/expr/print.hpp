@@ -4,7 +4,6 @@
 // prints scalars by value: `relu((a * b) + 2)`. type_string(e) prints what
 // the C++ type alone says: `relu((Tensor * Tensor) + int)`.
 #include <string>
-#include <typeinfo>
 #include <vector>
 
 #include "../core/format.hpp"

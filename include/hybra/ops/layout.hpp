@@ -145,8 +145,7 @@ inline Tensor concat(const std::vector<Tensor>& tensors, std::int64_t axis = 0) 
     if (!same)
       fail<ShapeError>("concat: shapes ", to_string(first.shape()), " and ", to_string(t.shape()),
                        " do not match outside axis ", ax);
-    if (t.device() != first.device())
-      fail<DeviceError>("concat: tensors live on ", first.device(), " and ", t.device(), "; copy one with to(device) first");
+    require_same_device("concat", first, t);
     out_shape[ax] += t.shape()[ax];
     dtype = promote_types(dtype, t.dtype());
   }

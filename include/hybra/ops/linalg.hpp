@@ -181,8 +181,7 @@ Tensor matmul(A&& a_in, B&& b_in) {
   if (sa.empty() || sb.empty())
     fail<ShapeError>("matmul: shapes ", to_string(sa), " and ", to_string(sb),
                      ": a 0-d operand has no matrix dimensions (use multiply)");
-  if (a.device() != b.device())
-    fail<DeviceError>("matmul: operands live on ", a.device(), " and ", b.device(), "; copy one with to(device) first");
+  require_same_device("matmul", a, b);
   const DType dtype = promote_types(a.dtype(), b.dtype());
   a = la::to_dtype(a, dtype);
   b = la::to_dtype(b, dtype);
@@ -221,8 +220,7 @@ Tensor dot(A&& a_in, B&& b_in) {
   a.require("dot");
   b.require("dot");
   if (a.ndim() == 0 || b.ndim() == 0) return eval(a * b);
-  if (a.device() != b.device())
-    fail<DeviceError>("dot: operands live on ", a.device(), " and ", b.device(), "; copy one with to(device) first");
+  require_same_device("dot", a, b);
   const Shape sa = a.shape(), sb = b.shape();
   const std::int64_t K = sa.back(), kb = sb.size() == 1 ? sb[0] : sb[sb.size() - 2];
   if (K != kb)

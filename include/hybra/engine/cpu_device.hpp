@@ -1,0 +1,135 @@
+#pragma once
+// One logical CPU device: its worker threads and the queue of its ready ops.
+// A cuda(i) device will be a sibling: a host thread per stream that launches
+// each ready op's kernels, records an event, and finishes the op once the
+// event has completed.
+#include <atomic>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "op.hpp"
+#include "sync.hpp"
+
+namespace hybra::engine::detail {
+
+class CpuDevice;
+
+// The worker this thread is, the op it will run next without going through
+// the queue (see CpuDevice::enqueue), and the records it is giving back.
+struct WorkerSlot {
+  const CpuDevice* device = nullptr;
+  OpRecord* next = nullptr;
+  RecordPool::Batch* returns = nullptr;
+};
+inline thread_local WorkerSlot worker_slot;
+
+class CpuDevice {
+ public:
+  using Execute = void (*)(OpRecord*) noexcept;
+
+  CpuDevice(Execute execute, RecordPool& pool, int workers) : execute_(execute), pool_(pool) {
+    try {
+      for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { run(); });
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
+  CpuDevice(const CpuDevice&) = delete;
+  CpuDevice& operator=(const CpuDevice&) = delete;
+  ~CpuDevice() { stop(); }
+
+  // Queues a ready op. An op made ready by one of this device's own workers,
+  // when nothing else is queued, is kept for that worker to run next: a chain
+  // of dependent ops then runs back to back without queue traffic, and with
+  // the queue empty nothing waits longer for it.
+  void enqueue(OpRecord* op) noexcept {
+    WorkerSlot& slot = worker_slot;
+    if (slot.device == this && !slot.next && queued_.load(std::memory_order_relaxed) == 0) {
+      slot.next = op;
+      return;
+    }
+    op->next = nullptr;
+    {
+      std::lock_guard g(lock_);
+      (tail_ ? tail_->next : head_) = op;
+      tail_ = op;
+      queued_.fetch_add(1, std::memory_order_seq_cst);
+    }
+    // Sequentially consistent with wait_for_work's sleepers_ increment and
+    // queued_ check: either this sees the sleeper or the sleeper sees the op.
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) wake(false);
+  }
+
+  // Runs what is queued, then ends the workers.
+  void stop() noexcept {
+    stopping_.store(true, std::memory_order_seq_cst);
+    wake(true);
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+  int workers() const { return static_cast<int>(threads_.size()); }
+
+ private:
+  void run() noexcept {
+    RecordPool::Batch returns(pool_);
+    worker_slot = {this, nullptr, &returns};
+    for (;;) {
+      OpRecord* op = std::exchange(worker_slot.next, nullptr);
+      if (!op) op = wait_for_work();
+      if (!op) break;
+      execute_(op);
+    }
+    worker_slot = {};
+  }
+
+  OpRecord* try_pop() noexcept {
+    if (queued_.load(std::memory_order_relaxed) == 0) return nullptr;
+    std::lock_guard g(lock_);
+    OpRecord* op = head_;
+    if (!op) return nullptr;
+    head_ = op->next;
+    if (!head_) tail_ = nullptr;
+    queued_.fetch_sub(1, std::memory_order_relaxed);
+    return op;
+  }
+
+  // The next op, or null once stopping with nothing left.
+  OpRecord* wait_for_work() noexcept {
+    for (;;) {
+      OpRecord* op = nullptr;
+      spin_until([&] { return (op = try_pop()) || stopping_.load(std::memory_order_relaxed); });
+      if (op || (op = try_pop())) return op;
+      if (stopping_.load(std::memory_order_acquire)) return nullptr;
+      worker_slot.returns->flush();  // an idle worker holds no records
+      unsigned seen = epoch_.load(std::memory_order_acquire);
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      if (queued_.load(std::memory_order_seq_cst) == 0 && !stopping_.load(std::memory_order_seq_cst))
+        epoch_.wait(seen, std::memory_order_acquire);
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+
+  void wake(bool all) noexcept {
+    epoch_.fetch_add(1, std::memory_order_release);
+    if (all)
+      epoch_.notify_all();
+    else
+      epoch_.notify_one();
+  }
+
+  Execute execute_;
+  RecordPool& pool_;
+  SpinLock lock_;
+  OpRecord* head_ = nullptr;  // ready ops, in the order they became ready
+  OpRecord* tail_ = nullptr;
+  std::atomic<int> queued_{0};
+  std::atomic<int> sleepers_{0};
+  std::atomic<unsigned> epoch_{0};
+  std::atomic<bool> stopping_{false};
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace hybra::engine::detail

@@ -1,0 +1,475 @@
+#pragma once
+// The asynchronous dependency engine (MXNet's ThreadedEnginePerDevice).
+//
+//   engine::Var a, b, c;
+//   engine::get().push("add", [=] { ... }, {a, b}, {c}, cpu(0));  // returns at once
+//   engine::get().wait_to_read(c);                                // c's writes are done
+//
+// An op runs on a worker of its device once every earlier-pushed op that
+// writes a var it reads or writes, or reads a var it writes, has finished;
+// ops without such a conflict run concurrently. Each var keeps the queue of
+// ops waiting for it and each op counts its ungranted vars, so there is no
+// global lock and no global graph.
+//
+// Errors: an exception thrown by an op is stored on every var it writes. Ops
+// that read a failed var skip their closure and fail the same way; a wait on a
+// failed var rethrows; waitall() rethrows the earliest-pushed failure no
+// wait has delivered. A var listed in writes but not in reads is overwritten whole, so
+// an op that succeeds clears the var's failure; an op that updates a var in
+// place or only in part must list it in both.
+//
+// HYBRA_ENGINE_TYPE=NaiveEngine runs every op on the pushing thread before
+// push returns (for debugging; the results and errors are the same).
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "../core/device.hpp"
+#include "../core/error.hpp"
+#include "cpu_device.hpp"
+#include "op.hpp"
+#include "sync.hpp"
+#include "var.hpp"
+
+namespace hybra::engine {
+
+enum class EngineType { threaded, naive };
+
+struct Options {
+  EngineType type = EngineType::threaded;
+  // Cores shared out among the CPU devices in use; 0 means every core.
+  int cpu_threads = 0;
+  // Worker threads per CPU device: more than one lets independent ops on
+  // the same device run side by side, each with its share of the threads.
+  int cpu_workers = 1;
+
+  // The defaults, with the type taken from HYBRA_ENGINE_TYPE (NaiveEngine or
+  // ThreadedEnginePerDevice; unset means threaded).
+  static Options from_env() {
+    Options o;
+    if (const char* v = std::getenv("HYBRA_ENGINE_TYPE")) {
+      std::string_view t(v);
+      if (t == "NaiveEngine")
+        o.type = EngineType::naive;
+      else if (!t.empty() && t != "ThreadedEnginePerDevice" && t != "ThreadedEngine")
+        fail<ValueError>("engine: HYBRA_ENGINE_TYPE=", t,
+                         " is not an engine type; use NaiveEngine or ThreadedEnginePerDevice");
+    }
+    return o;
+  }
+};
+
+// The CPU device numbers the engine accepts: cpu(0) .. cpu(max_cpu_devices - 1).
+inline constexpr int max_cpu_devices = 64;
+
+namespace detail {
+inline int hardware_threads() noexcept { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+}  // namespace detail
+
+class Engine {
+ public:
+  explicit Engine(Options options = Options::from_env())
+      : naive_(options.type == EngineType::naive),
+        cpu_threads_(options.cpu_threads > 0 ? options.cpu_threads : detail::hardware_threads()),
+        cpu_workers_(std::max(1, options.cpu_workers)) {}
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Runs the pending work, stops the workers and reports on stderr any
+  // failure that nothing observed (a destructor cannot throw it).
+  ~Engine() {
+    drain_and_stop();
+    std::lock_guard g(failures_mutex_);
+    for (auto& f : unobserved_) {
+      if (f->observed.load()) continue;
+      try {
+        std::rethrow_exception(f->error);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "hybra engine: an op failure was never waited for: %s\n", e.what());
+      }
+    }
+  }
+
+  // Queues fn() to run on `device` after the earlier ops it conflicts with
+  // (see the top of this file); returns at once. fn's captures live until it
+  // has run. Vars listed in both reads and writes are read and written.
+  template <class F>
+  void push(std::string_view name, F&& fn, Vars reads, Vars writes, Device device = cpu()) {
+    static_assert(std::is_invocable_v<std::decay_t<F>&>,
+                  "hybra::engine::Engine::push: the op must be callable with no arguments");
+    detail::OpRecord* op = make_op(name, reads, writes, device);
+    try {
+      op->fn.emplace(std::forward<F>(fn));
+    } catch (...) {
+      discard(op);
+      throw;
+    }
+    submit(op);
+  }
+
+  // Blocks until every pending write to v is done (wait_to_write: every
+  // pending read and write), then rethrows v's failure if it has one.
+  void wait_to_read(const Var& v) { wait_for(v, false, "wait_to_read"); }
+  void wait_to_write(const Var& v) { wait_for(v, true, "wait_to_write"); }
+
+  // Blocks until every pushed op has finished, then rethrows the failure of
+  // the earliest-pushed failed op that no wait has delivered (each failure is
+  // delivered once; the next waitall delivers the next).
+  void waitall() {
+    refuse_inside_op("waitall");
+    wait_idle();
+    detail::FailurePtr first;
+    {
+      std::lock_guard g(failures_mutex_);
+      std::erase_if(unobserved_, [](const detail::FailurePtr& f) { return f->observed.load(); });
+      auto it = std::min_element(unobserved_.begin(), unobserved_.end(),
+                                 [](const detail::FailurePtr& a, const detail::FailurePtr& b) { return a->seq < b->seq; });
+      if (it != unobserved_.end()) {
+        first = std::move(*it);
+        unobserved_.erase(it);
+      }
+    }
+    if (first) rethrow(*first);
+  }
+
+  // Finishes the pending work (ops it runs may still push) and stops the
+  // workers; later pushes throw. Waits keep working.
+  void shutdown() {
+    refuse_inside_op("shutdown");
+    drain_and_stop();
+  }
+
+  EngineType type() const { return naive_.load() ? EngineType::naive : EngineType::threaded; }
+
+  // The threads an op on CPU device d gets for its own loops and BLAS calls:
+  // the cores split evenly among the CPU devices that have had ops (d
+  // included), the remainder going to the lowest-numbered, at least one each.
+  int device_threads(Device d) const {
+    if (d.kind != DeviceKind::cpu || d.id < 0 || d.id >= max_cpu_devices)
+      fail<DeviceError>("engine: device_threads(", d, "): the engine has cpu(0) to cpu(", max_cpu_devices - 1, ")");
+    std::uint64_t used = used_cpu_devices_.load(std::memory_order_relaxed) | (std::uint64_t{1} << d.id);
+    int n = std::popcount(used);
+    int rank = std::popcount(used & ((std::uint64_t{1} << d.id) - 1));
+    return std::max(1, cpu_threads_ / n + (rank < cpu_threads_ % n ? 1 : 0));
+  }
+
+  // Switches between threaded and naive execution once the pending work is done.
+  void set_type(EngineType t) {
+    refuse_inside_op("set_type");
+    wait_idle();
+    naive_.store(t == EngineType::naive);
+  }
+
+ private:
+  enum State { running, draining, stopped };
+
+  detail::OpRecord* make_op(std::string_view name, Vars reads, Vars writes, Device device) {
+    if (device.kind != DeviceKind::cpu)
+      fail<DeviceError>("engine: op '", name, "' pushed to ", device,
+                        ", which the engine does not run yet; use cpu(i)");
+    if (device.id < 0 || device.id >= max_cpu_devices)
+      fail<DeviceError>("engine: op '", name, "' pushed to ", device, "; the engine has cpu(0) to cpu(",
+                        max_cpu_devices - 1, ")");
+    detail::OpRecord* op = pool_.acquire();
+    try {
+      op->name.assign(name);
+      op->device = device;
+      add_deps(op, reads, writes, name);
+    } catch (...) {
+      discard(op);
+      throw;
+    }
+    return op;
+  }
+
+  // One Dep per distinct var; a var in both lists is one read-write Dep.
+  static void add_deps(detail::OpRecord* op, Vars reads, Vars writes, std::string_view name) {
+    for (Vars list : {reads, writes})
+      for (const Var& v : list)
+        if (!v.s_) fail<ValueError>("engine: op '", name, "' was given an empty (moved-from) var");
+    op->reserve_deps(reads.size() + writes.size());
+    auto find = [op](detail::VarState* s) -> detail::Dep* {
+      for (auto& d : op->deps())
+        if (d.var == s) return &d;
+      return nullptr;
+    };
+    for (const Var& v : writes)
+      if (!find(v.s_)) op->add_dep({.var = v.s_, .op = op, .write = true});
+    for (const Var& v : reads) {
+      if (detail::Dep* d = find(v.s_))
+        d->read = true;
+      else
+        op->add_dep({.var = v.s_, .op = op, .read = true});
+    }
+    for (auto& d : op->deps()) d.var->retain();
+  }
+
+  // Pushes a built op: counts it, resolves its device and appends its Deps.
+  void submit(detail::OpRecord* op) {
+    op->seq = pushed_.fetch_add(1, std::memory_order_seq_cst);
+    try {
+      // Pairs with drain_and_stop: either shutdown waits for this op or this
+      // push sees the shutdown. Ops running during the drain may still push.
+      State s = state_.load(std::memory_order_seq_cst);
+      if (s != running && !(s == draining && detail::context.engine == this))
+        fail("engine: op '", op->name, "' pushed after the engine was shut down");
+      if (!naive_.load(std::memory_order_relaxed)) op->cpu = cpu_device(op->device.id);
+      mark_used(op->device.id);
+    } catch (...) {
+      discard(op);
+      op_done();
+      throw;
+    }
+    start(op);
+  }
+
+  void start(detail::OpRecord* op) noexcept {
+    op->engine = this;
+    op->unmet.store(op->n_deps + 1, std::memory_order_relaxed);
+    int granted = 1;
+    for (auto& d : op->deps()) granted += d.var->append(&d);
+    if (op->unmet.fetch_sub(granted, std::memory_order_acq_rel) == granted) dispatch(op);
+  }
+
+  void dispatch(detail::OpRecord* op) noexcept {
+    if (op->cpu)
+      op->cpu->enqueue(op);
+    else
+      execute(op);  // naive
+  }
+
+  void execute(detail::OpRecord* op) noexcept {
+    detail::FailurePtr failure;
+    for (auto& d : op->deps())
+      if (d.read && d.failure) {
+        failure = d.failure;
+        break;
+      }
+    if (!failure) {
+      detail::ContextScope scope(this, op, op_threads(op));
+      try {
+        op->fn();
+      } catch (...) {
+        failure = record_failure(*op);
+      }
+    }
+    op->fn.reset();
+    finish(op, std::move(failure));
+  }
+
+  // Ends op's accesses, leaving `failure` on the vars it wrote, starts the ops
+  // that were waiting only for them, wakes the waits whose turn has come, and
+  // releases op's record. Everything the op held is let go before it counts
+  // as finished: a waitall() that returns leaves no failure in a worker's hands.
+  void finish(detail::OpRecord* op, detail::FailurePtr failure) noexcept {
+    for (auto& d : op->deps()) {
+      for (detail::Dep* t = d.var->finish(&d, failure); t;) {
+        detail::Dep* next = t->next;  // read first: a woken waiter may reuse its Dep
+        if (t->waiter)
+          t->waiter->signal();
+        else if (t->op->unmet.fetch_sub(1, std::memory_order_acq_rel) == 1)
+          t->op->engine->dispatch(t->op);
+        t = next;
+      }
+    }
+    failure.reset();
+    release_deps(op);
+    op->cpu = nullptr;
+    if (auto* returns = detail::worker_slot.returns; returns && &returns->pool() == &pool_)
+      returns->add(op);
+    else
+      pool_.recycle(op);
+    op_done();
+  }
+
+  void op_done() noexcept {
+    std::int64_t done = completed_.fetch_add(1, std::memory_order_seq_cst) + 1;
+    // Reads pushed_ (the pushers' line) only when someone waits for idle.
+    if (idle_waiters_.load(std::memory_order_seq_cst) > 0 && done == pushed_.load(std::memory_order_seq_cst)) {
+      std::lock_guard g(idle_mutex_);
+      idle_cv_.notify_all();
+    }
+  }
+
+  // Every push is counted before its op can finish, so completed_ <= pushed_
+  // at all times, and reading completed_ first then an equal pushed_ proves
+  // an instant with nothing pending. seq_cst: drain_and_stop's state_ store,
+  // then these loads, pairs with submit's pushed_ increment, then its state_
+  // load.
+  bool idle() const noexcept {
+    std::int64_t done = completed_.load(std::memory_order_seq_cst);
+    return done == pushed_.load(std::memory_order_seq_cst);
+  }
+
+  void wait_idle() {
+    if (detail::spin_until([&] { return idle(); })) return;
+    idle_waiters_.fetch_add(1, std::memory_order_seq_cst);
+    {
+      std::unique_lock l(idle_mutex_);
+      idle_cv_.wait(l, [&] { return idle(); });
+    }
+    idle_waiters_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  void wait_for(const Var& v, bool write, const char* what) {
+    refuse_inside_op(what);
+    // The caller's handle keeps the var alive until this returns.
+    detail::VarState* s = v.state(what);
+    detail::Waiter& w = detail::thread_waiter;
+    detail::FailurePtr failure;
+    bool queued;
+    {
+      std::lock_guard g(s->lock);
+      queued = !s->free_for(write);
+      if (queued) {
+        w.reset();
+        w.dep = {.var = s, .waiter = &w, .write = write};
+        s->enqueue(&w.dep);
+      } else {
+        failure = s->failure;
+      }
+    }
+    if (queued) {
+      w.wait();
+      failure = std::move(w.dep.failure);
+    }
+    if (failure) rethrow(*failure);
+  }
+
+  [[noreturn]] static void rethrow(detail::Failure& f) {
+    f.observed.store(true);
+    std::rethrow_exception(f.error);
+  }
+
+  // Wraps the exception in flight in one of the same hybra::Error class whose
+  // message names the op and its device, and keeps it for waitall().
+  detail::FailurePtr record_failure(const detail::OpRecord& op) noexcept {
+    auto f = std::make_shared<detail::Failure>();
+    f->seq = op.seq;
+    std::string where = hybra::detail::concat("engine op '", op.name, "' on ", op.device, " failed: ");
+    try {
+      throw;
+    } catch (const ShapeError& e) {
+      f->error = std::make_exception_ptr(ShapeError(where + e.what()));
+    } catch (const DTypeError& e) {
+      f->error = std::make_exception_ptr(DTypeError(where + e.what()));
+    } catch (const DeviceError& e) {
+      f->error = std::make_exception_ptr(DeviceError(where + e.what()));
+    } catch (const AxisError& e) {
+      f->error = std::make_exception_ptr(AxisError(where + e.what()));
+    } catch (const OutOfMemory& e) {
+      f->error = std::make_exception_ptr(OutOfMemory(where + e.what()));
+    } catch (const ValueError& e) {
+      f->error = std::make_exception_ptr(ValueError(where + e.what()));
+    } catch (const std::exception& e) {
+      f->error = std::make_exception_ptr(Error(where + e.what()));
+    } catch (...) {
+      f->error = std::make_exception_ptr(Error(where + "an exception that is not a std::exception"));
+    }
+    std::lock_guard g(failures_mutex_);
+    std::erase_if(unobserved_, [](const detail::FailurePtr& u) { return u->observed.load(); });
+    unobserved_.push_back(f);
+    return f;
+  }
+
+  void refuse_inside_op(const char* what) const {
+    if (const auto* op = detail::context.op)
+      fail(what, ": called inside engine op '", op->name,
+           "'; an op cannot wait for the engine (it would wait for itself); "
+           "list the var among the op's reads instead");
+  }
+
+  // A worker's share of its device's threads (naive ops run alone).
+  int op_threads(const detail::OpRecord* op) const {
+    int share = device_threads(op->device);
+    return op->cpu ? std::max(1, share / op->cpu->workers()) : share;
+  }
+
+  void mark_used(int id) noexcept {
+    std::uint64_t bit = std::uint64_t{1} << id;
+    if (!(used_cpu_devices_.load(std::memory_order_relaxed) & bit)) used_cpu_devices_.fetch_or(bit);
+  }
+
+  detail::CpuDevice* cpu_device(int id) {
+    if (auto* d = cpu_devices_[id].load(std::memory_order_acquire)) return d;
+    std::lock_guard g(devices_mutex_);
+    if (auto* d = cpu_devices_[id].load(std::memory_order_relaxed)) return d;
+    auto* d = new detail::CpuDevice([](detail::OpRecord* op) noexcept { op->engine->execute(op); }, pool_,
+                                    cpu_workers_);
+    cpu_devices_[id].store(d, std::memory_order_release);
+    return d;
+  }
+
+  void drain_and_stop() noexcept {
+    std::lock_guard g(shutdown_mutex_);
+    if (state_.load() == stopped) return;
+    state_.store(draining, std::memory_order_seq_cst);
+    wait_idle();
+    state_.store(stopped, std::memory_order_seq_cst);
+    std::lock_guard d(devices_mutex_);
+    for (auto& slot : cpu_devices_) delete slot.exchange(nullptr);
+  }
+
+  // Returns a record that never started.
+  void discard(detail::OpRecord* op) noexcept {
+    op->fn.reset();
+    release_deps(op);
+    pool_.recycle(op);
+  }
+
+  static void release_deps(detail::OpRecord* op) noexcept {
+    for (auto& d : op->deps()) {
+      d.failure.reset();
+      d.var->release();
+    }
+    op->n_deps = 0;
+  }
+
+  std::atomic<bool> naive_;
+  const int cpu_threads_;
+  const int cpu_workers_;
+  std::atomic<State> state_{running};
+  // Ops pushed and ops finished, on separate cache lines: pushing threads
+  // and workers each write only their own.
+  alignas(64) std::atomic<std::int64_t> pushed_{0};
+  alignas(64) std::atomic<std::int64_t> completed_{0};
+  alignas(64) std::atomic<int> idle_waiters_{0};
+  std::mutex idle_mutex_;
+  std::condition_variable idle_cv_;
+  std::mutex shutdown_mutex_;
+  std::mutex devices_mutex_;
+  std::array<std::atomic<detail::CpuDevice*>, max_cpu_devices> cpu_devices_{};
+  std::atomic<std::uint64_t> used_cpu_devices_{0};  // bit i: cpu(i) has had an op
+  detail::RecordPool pool_;
+  std::mutex failures_mutex_;
+  std::vector<detail::FailurePtr> unobserved_;
+};
+
+// The process-wide engine, created on first use with Options::from_env().
+inline Engine& get() {
+  static Engine engine(Options::from_env());
+  return engine;
+}
+
+// Finishes the global engine's pending work and stops it; later pushes throw.
+inline void shutdown() { get().shutdown(); }
+
+// The threads an op may use for its own parallel loops and BLAS calls: its
+// device's share of the cores (all of them with one CPU device in use).
+// Outside an op, every core.
+inline int current_device_threads() noexcept {
+  return detail::context.op ? detail::context.threads : detail::hardware_threads();
+}
+
+}  // namespace hybra::engine
