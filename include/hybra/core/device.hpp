@@ -1,12 +1,15 @@
 #pragma once
 #include <compare>
 #include <ostream>
+#include <vector>
 
 namespace hybra {
 
 enum class DeviceKind : unsigned char { cpu, cuda };
 
-// A device tag: cpu(i) now; cuda(i) is reserved for the CUDA backend.
+// A device tag. cpu(i) names a logical CPU device: all share the host's
+// memory, and each has its own queue in the engine, so independent work on
+// cpu(0) and cpu(1) runs side by side (engine/). cuda(i) is a GPU.
 struct Device {
   DeviceKind kind = DeviceKind::cpu;
   int id = 0;
@@ -15,6 +18,13 @@ struct Device {
 
 constexpr Device cpu(int id = 0) { return {DeviceKind::cpu, id}; }
 constexpr Device cuda(int id = 0) { return {DeviceKind::cuda, id}; }
+
+// The logical CPU devices that may be named: cpu(0) .. cpu(max_cpu_devices - 1).
+inline constexpr int max_cpu_devices = 64;
+
+// The devices that exist: cpu(0), standing for the host (which any cpu(i)
+// shares), then each usable GPU. No GPU is usable until the CUDA backend is.
+inline std::vector<Device> devices() { return {cpu(0)}; }
 
 inline std::ostream& operator<<(std::ostream& os, Device d) {
   return os << (d.kind == DeviceKind::cpu ? "cpu(" : "cuda(") << d.id << ')';

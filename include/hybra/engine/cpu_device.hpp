@@ -4,10 +4,13 @@
 // each ready op's kernels, records an event, and finishes the op once the
 // event has completed.
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "context.hpp"
 #include "op.hpp"
 #include "sync.hpp"
 
@@ -40,13 +43,15 @@ class CpuDevice {
   CpuDevice& operator=(const CpuDevice&) = delete;
   ~CpuDevice() { stop(); }
 
-  // Queues a ready op. An op made ready by one of this device's own workers,
-  // when nothing else is queued, is kept for that worker to run next: a chain
-  // of dependent ops then runs back to back without queue traffic, and with
-  // the queue empty nothing waits longer for it.
+  // Queues a ready op. An op made ready as one of this device's own workers
+  // finishes an op, when nothing else is queued, is kept for that worker to
+  // run next: a chain of dependent ops then runs back to back without queue
+  // traffic, and with the queue empty nothing waits longer for it. An op
+  // pushed from inside a running op is queued: its pusher may run on for
+  // long, or wait for it, while another worker could start it now.
   void enqueue(OpRecord* op) noexcept {
     WorkerSlot& slot = worker_slot;
-    if (slot.device == this && !slot.next && queued_.load(std::memory_order_relaxed) == 0) {
+    if (slot.device == this && !slot.next && !context.op && queued_.load(std::memory_order_relaxed) == 0) {
       slot.next = op;
       return;
     }
@@ -104,20 +109,27 @@ class CpuDevice {
       if (op || (op = try_pop())) return op;
       if (stopping_.load(std::memory_order_acquire)) return nullptr;
       worker_slot.returns->flush();  // an idle worker holds no records
-      unsigned seen = epoch_.load(std::memory_order_acquire);
+      // A condition variable, not std::atomic::wait: libstdc++ 12's notify
+      // skips the futex wake unless it sees its own waiter count (a separate
+      // variable) non-zero, and nothing in the standard orders that load
+      // after a release increment of the value waited on, so a wake could be
+      // lost. The waker takes sleep_mutex_, which a sleeper holds from its
+      // sleepers_ increment until it is inside wait(): no wake falls between
+      // the check and the sleep.
+      std::unique_lock l(sleep_mutex_);
       sleepers_.fetch_add(1, std::memory_order_seq_cst);
-      if (queued_.load(std::memory_order_seq_cst) == 0 && !stopping_.load(std::memory_order_seq_cst))
-        epoch_.wait(seen, std::memory_order_acquire);
+      while (queued_.load(std::memory_order_seq_cst) == 0 && !stopping_.load(std::memory_order_seq_cst))
+        wake_cv_.wait(l);
       sleepers_.fetch_sub(1, std::memory_order_relaxed);
     }
   }
 
   void wake(bool all) noexcept {
-    epoch_.fetch_add(1, std::memory_order_release);
+    std::lock_guard g(sleep_mutex_);
     if (all)
-      epoch_.notify_all();
+      wake_cv_.notify_all();
     else
-      epoch_.notify_one();
+      wake_cv_.notify_one();
   }
 
   Execute execute_;
@@ -127,8 +139,9 @@ class CpuDevice {
   OpRecord* tail_ = nullptr;
   std::atomic<int> queued_{0};
   std::atomic<int> sleepers_{0};
-  std::atomic<unsigned> epoch_{0};
   std::atomic<bool> stopping_{false};
+  std::mutex sleep_mutex_;
+  std::condition_variable wake_cv_;
   std::vector<std::thread> threads_;
 };
 

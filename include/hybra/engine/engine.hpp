@@ -70,13 +70,6 @@ struct Options {
   }
 };
 
-// The CPU device numbers the engine accepts: cpu(0) .. cpu(max_cpu_devices - 1).
-inline constexpr int max_cpu_devices = 64;
-
-namespace detail {
-inline int hardware_threads() noexcept { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
-}  // namespace detail
-
 class Engine {
  public:
   explicit Engine(Options options = Options::from_env())
@@ -464,12 +457,5 @@ inline Engine& get() {
 
 // Finishes the global engine's pending work and stops it; later pushes throw.
 inline void shutdown() { get().shutdown(); }
-
-// The threads an op may use for its own parallel loops and BLAS calls: its
-// device's share of the cores (all of them with one CPU device in use).
-// Outside an op, every core.
-inline int current_device_threads() noexcept {
-  return detail::context.op ? detail::context.threads : detail::hardware_threads();
-}
 
 }  // namespace hybra::engine

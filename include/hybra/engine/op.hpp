@@ -1,6 +1,6 @@
 #pragma once
-// What the engine keeps per op: the record a push fills in, the pool that
-// recycles records, and the per-thread note of which op is running.
+// What the engine keeps per op: the record a push fills in and the pool that
+// recycles records.
 #include <atomic>
 #include <cstdint>
 #include <mutex>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../core/device.hpp"
+#include "context.hpp"
 #include "sync.hpp"
 #include "task.hpp"
 #include "var.hpp"
@@ -138,28 +139,6 @@ class RecordPool {
   OpRecord* local_ = nullptr;
   std::atomic<OpRecord*> returned_{nullptr};
   std::atomic<int> records_{0};
-};
-
-// What the calling thread is running, for current_device_threads() and to
-// refuse waits from inside an op (the op would wait for itself).
-struct Context {
-  const Engine* engine = nullptr;
-  const OpRecord* op = nullptr;
-  int threads = 0;
-};
-inline thread_local Context context;
-
-class ContextScope {
- public:
-  ContextScope(const Engine* e, const OpRecord* op, int threads) noexcept : saved_(context) {
-    context = {e, op, threads};
-  }
-  ContextScope(const ContextScope&) = delete;
-  ContextScope& operator=(const ContextScope&) = delete;
-  ~ContextScope() { context = saved_; }
-
- private:
-  Context saved_;
 };
 
 }  // namespace hybra::engine::detail

@@ -53,10 +53,13 @@ struct Dep {
 // A thread blocked in wait_to_read/wait_to_write. Its Dep waits in the var's
 // queue like an op's, but when its turn comes the var hands it the var's
 // failure (in dep.failure) and passes on without granting it any access, so
-// the woken thread need not touch the var again. The signalling thread touches the waiter's
-// mutex only once the waiter has gone to sleep, and the waiter cannot return
-// before reacquiring that mutex, so a waiter may be reused as soon as wait()
-// returns.
+// the woken thread need not touch the var again. A waiter may be reused, or
+// its thread may exit, as soon as wait() returns: the signalling thread marks
+// a sleeping waiter signalled only while holding the waiter's mutex, which the
+// waiter must reacquire before it can see the mark, so the signaller is done
+// with the waiter by then. (Marking it first and locking after would let a
+// spurious wake-up return early and leave the signaller locking a mutex that
+// may no longer exist.)
 class Waiter {
  public:
   // On one cache line: what the signalling thread writes and the waiting
@@ -66,18 +69,20 @@ class Waiter {
   void reset() noexcept { state_.store(idle, std::memory_order_relaxed); }
 
   void signal() noexcept {
-    if (state_.exchange(signalled, std::memory_order_acq_rel) == sleeping) {
-      std::lock_guard g(mutex_);
-      cv_.notify_one();
-    }
+    int expected = idle;
+    if (state_.compare_exchange_strong(expected, signalled, std::memory_order_release, std::memory_order_relaxed))
+      return;
+    std::lock_guard g(mutex_);
+    state_.store(signalled, std::memory_order_relaxed);
+    cv_.notify_one();
   }
 
   void wait() {
     if (spin_until([&] { return state_.load(std::memory_order_acquire) == signalled; })) return;
     std::unique_lock l(mutex_);
     int expected = idle;
-    if (!state_.compare_exchange_strong(expected, sleeping, std::memory_order_acq_rel)) return;
-    cv_.wait(l, [&] { return state_.load(std::memory_order_acquire) == signalled; });
+    if (!state_.compare_exchange_strong(expected, sleeping, std::memory_order_acquire)) return;
+    cv_.wait(l, [&] { return state_.load(std::memory_order_relaxed) == signalled; });
   }
 
  private:

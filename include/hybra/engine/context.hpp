@@ -1,0 +1,53 @@
+#pragma once
+// Which engine op the calling thread is running, if any. Kept apart from the
+// engine so that the CPU kernels (backend/cpu) can ask how many threads their
+// op may use without depending on the engine itself.
+#include <algorithm>
+#include <thread>
+
+namespace hybra::engine {
+
+class Engine;
+
+namespace detail {
+
+struct OpRecord;
+
+inline int hardware_threads() noexcept { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+
+// What the calling thread is running, for current_device_threads() and to
+// refuse waits from inside an op (the op would wait for itself).
+struct Context {
+  const Engine* engine = nullptr;
+  const OpRecord* op = nullptr;
+  int threads = 0;
+};
+inline thread_local Context context;
+
+class ContextScope {
+ public:
+  ContextScope(const Engine* e, const OpRecord* op, int threads) noexcept : saved_(context) {
+    context = {e, op, threads};
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+  ~ContextScope() { context = saved_; }
+
+ private:
+  Context saved_;
+};
+
+}  // namespace detail
+
+// The threads an op may use for its own parallel loops and BLAS calls: its
+// device's share of the cores (all of them with one CPU device in use).
+// Outside an op, every core.
+inline int current_device_threads() noexcept {
+  return detail::context.op ? detail::context.threads : detail::hardware_threads();
+}
+
+// True on a thread that is running an engine op (its work is already
+// ordered by the engine, so it neither waits nor pushes).
+inline bool inside_op() noexcept { return detail::context.op != nullptr; }
+
+}  // namespace hybra::engine
