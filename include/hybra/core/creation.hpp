@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../backend/cpu/threads.hpp"
+#include "../engine/push.hpp"
 #include "random.hpp"
 #include "tensor.hpp"
 
@@ -15,11 +16,13 @@ template <class V>
 Tensor full(const Shape& shape, V value, DType dtype = DType::float32, Device device = cpu()) {
   static_assert(std::is_arithmetic_v<V>, "hybra::full: the fill value must be an arithmetic scalar");
   Tensor t(shape, dtype, device);
-  dispatch(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* p = static_cast<T*>(t.raw_data());
-    T v = static_cast<T>(value);
-    backend::cpu::parallel_for(t.size(), 1, [&](std::int64_t b, std::int64_t e) { std::fill(p + b, p + e, v); });
+  push_op("full", {}, {t}, [t, value] {
+    dispatch(t.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      T* p = static_cast<T*>(t.raw_data());
+      T v = static_cast<T>(value);
+      backend::cpu::parallel_for(t.size(), 1, [&](std::int64_t b, std::int64_t e) { std::fill(p + b, p + e, v); });
+    });
   });
   return t;
 }
@@ -37,10 +40,12 @@ inline Tensor arange(double start, double stop, double step = 1, DType dtype = D
   double count = std::ceil((stop - start) / step);
   if (count > 9.0e18) fail<ShapeError>("arange: ", count, " elements do not fit in int64");
   Tensor t(Shape{std::max<std::int64_t>(0, static_cast<std::int64_t>(count))}, dtype, device);
-  dispatch(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* p = static_cast<T*>(t.raw_data());
-    for (std::int64_t i = 0; i < t.size(); ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
+  push_op("arange", {}, {t}, [t, start, step] {
+    dispatch(t.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      T* p = static_cast<T*>(t.raw_data());
+      for (std::int64_t i = 0; i < t.size(); ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
+    });
   });
   return t;
 }
@@ -53,6 +58,8 @@ Tensor array(const std::vector<T>& values, const Shape& shape, Device device = c
   if (checked_numel(shape, "array") != static_cast<std::int64_t>(values.size()))
     fail<ShapeError>("array: ", values.size(), " values do not fill shape ", to_string(shape));
   Tensor t(shape, dtype_of_v<T>, device);
+  // Written on the calling thread: no op can know the new tensor yet, and
+  // `values` need not be copied to outlive the call.
   std::copy(values.begin(), values.end(), static_cast<T*>(t.raw_data()));
   return t;
 }
@@ -80,25 +87,29 @@ Tensor array(std::initializer_list<std::initializer_list<T>> rows) {
 namespace detail {
 // Fills t from the generator: element i uses counter block first + i / 2 (two
 // values per block), so results do not depend on the thread count.
+// The counter blocks are reserved on the calling thread, so the values do
+// not depend on when the op runs either.
 template <class Draw>
 Tensor random_fill(const Shape& shape, DType dtype, Device device, Generator& gen, Draw draw, const char* op) {
   if (!is_floating(dtype)) fail<DTypeError>(op, ": dtype must be float32 or float64, not ", name(dtype));
   Tensor t(shape, dtype, device);
   const std::int64_t n = t.size();
   const std::uint64_t first = gen.advance(static_cast<std::uint64_t>((n + 1) / 2));
-  dispatch(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (std::is_floating_point_v<T>) {
-      T* p = static_cast<T*>(t.raw_data());
-      backend::cpu::parallel_for((n + 1) / 2, 2, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t j = b; j < e; ++j) {
-          auto w = gen.block(first + static_cast<std::uint64_t>(j));
-          auto pair = draw(tag, Generator::to_double(w[0], w[1]), Generator::to_double(w[2], w[3]));
-          p[2 * j] = static_cast<T>(pair[0]);
-          if (2 * j + 1 < n) p[2 * j + 1] = static_cast<T>(pair[1]);
-        }
-      });
-    }
+  push_op(op, {}, {t}, [t, n, first, gen = Generator(gen), draw] {
+    dispatch(t.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_floating_point_v<T>) {
+        T* p = static_cast<T*>(t.raw_data());
+        backend::cpu::parallel_for((n + 1) / 2, 2, [&](std::int64_t b, std::int64_t e) {
+          for (std::int64_t j = b; j < e; ++j) {
+            auto w = gen.block(first + static_cast<std::uint64_t>(j));
+            auto pair = draw(tag, Generator::to_double(w[0], w[1]), Generator::to_double(w[2], w[3]));
+            p[2 * j] = static_cast<T>(pair[0]);
+            if (2 * j + 1 < n) p[2 * j + 1] = static_cast<T>(pair[1]);
+          }
+        });
+      }
+    });
   });
   return t;
 }
@@ -107,7 +118,7 @@ Tensor random_fill(const Shape& shape, DType dtype, Device device, Generator& ge
 inline Tensor random_uniform(const Shape& shape, double low = 0, double high = 1, DType dtype = DType::float32,
                              Device device = cpu(), Generator& gen = default_generator()) {
   if (!(low < high)) fail<ValueError>("random_uniform: low ", low, " must be below high ", high);
-  return detail::random_fill(shape, dtype, device, gen, [&](auto tag, double u1, double u2) {
+  return detail::random_fill(shape, dtype, device, gen, [low, high](auto tag, double u1, double u2) {
     using T = typename decltype(tag)::type;
     // Clamped because rounding to T could otherwise produce `high` itself.
     auto scale = [&](double u) { return std::min(static_cast<T>(low + (high - low) * u), std::nextafter(T(high), T(low))); };
@@ -118,7 +129,7 @@ inline Tensor random_uniform(const Shape& shape, double low = 0, double high = 1
 inline Tensor random_normal(const Shape& shape, double mean = 0, double stddev = 1, DType dtype = DType::float32,
                             Device device = cpu(), Generator& gen = default_generator()) {
   if (!(stddev >= 0)) fail<ValueError>("random_normal: stddev ", stddev, " must be non-negative");
-  return detail::random_fill(shape, dtype, device, gen, [&](auto, double u1, double u2) {
+  return detail::random_fill(shape, dtype, device, gen, [mean, stddev](auto, double u1, double u2) {
     auto z = Generator::normal_pair(u1, u2);
     return std::array<double, 2>{mean + stddev * z[0], mean + stddev * z[1]};
   }, "random_normal");

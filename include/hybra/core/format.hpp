@@ -51,6 +51,7 @@ void print_axis(std::ostream& os, const Tensor& t, const T* base, int axis, std:
 
 inline std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "<Tensor empty handle>";
+  t.wait_to_read();
   dispatch(t.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* base = static_cast<const T*>(t.raw_data());

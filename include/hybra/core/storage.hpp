@@ -1,10 +1,13 @@
 #pragma once
-// A reference-counted, 64-byte aligned buffer on one device.
+// A reference-counted, 64-byte aligned buffer on one device, with the engine
+// var that orders the ops reading and writing it (engine/var.hpp, which needs
+// nothing from core but its errors).
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 
+#include "../engine/var.hpp"
 #include "device.hpp"
 #include "error.hpp"
 
@@ -17,6 +20,8 @@ class Storage {
   Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
     if (device.kind != DeviceKind::cpu)
       fail<DeviceError>("allocate: device ", device, " is not available in this build; use cpu(i)");
+    if (device.id < 0 || device.id >= max_cpu_devices)
+      fail<DeviceError>("allocate: there is no device ", device, "; CPU devices are cpu(0) to cpu(", max_cpu_devices - 1, ")");
     std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     if (rounded < bytes) fail<OutOfMemory>("allocate: ", bytes, " bytes overflow the address space on ", device);
     data_ = std::aligned_alloc(alignment, rounded ? rounded : alignment);
@@ -29,11 +34,13 @@ class Storage {
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  const engine::Var& var() const { return var_; }
 
  private:
   void* data_ = nullptr;
   std::size_t bytes_;
   Device device_;
+  engine::Var var_;
 };
 
 }  // namespace hybra

@@ -1,6 +1,10 @@
 #pragma once
 // Tensor: a handle to a (possibly strided) view of a Storage, like MXNet's
 // NDArray. Copying a Tensor shares the data; copy() makes a deep copy.
+//
+// A Tensor is a future: the op that computes it is queued on the engine and
+// the call returns at once. Reading values (to_vector, item, data, printing)
+// or wait_to_read() waits for that op, and rethrows its failure if it failed.
 #include <boost/yap/algorithm_fwd.hpp>
 #include <cstdint>
 #include <memory>
@@ -9,6 +13,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "../engine/context.hpp"
+#include "../engine/engine.hpp"
 #include "device.hpp"
 #include "dtype.hpp"
 #include "shape.hpp"
@@ -42,7 +48,8 @@ class Tensor {
   template <yap_expression E>
   Tensor& operator=(E&& e);
   // Writes an expression's values into this tensor's existing storage
-  // (broadcast to this shape, converted to this dtype).
+  // (broadcast to this shape, converted to this dtype). An expression must
+  // be on this tensor's device; a plain Tensor may be on any (it is copied).
   template <class E>
   Tensor& assign(E&& e);
 
@@ -58,13 +65,17 @@ class Tensor {
 
   bool is_contiguous() const { return strides_ == contiguous_strides(shape_) || size() <= 1; }
 
-  // Address of element 0 (the view's origin), for any layout.
+  // Address of element 0 (the view's origin), for any layout. It does not
+  // wait: it is for the code of engine ops, whose inputs are ready when they
+  // run (or after an explicit wait_to_read/wait_to_write).
   void* raw_data() const {
     auto& s = require("raw_data");
     return static_cast<char*>(s.storage_->data()) + offset_ * static_cast<std::int64_t>(size_of(dtype_));
   }
 
-  // Typed pointer to contiguous data; T must be this tensor's dtype.
+  // Typed pointer to contiguous data; T must be this tensor's dtype. Waits
+  // until no pending op reads or writes the storage, since the caller may
+  // write through the pointer.
   template <class T>
   T* data() const {
     static_assert(is_dtype_v<T>, "hybra::Tensor::data<T>: T must be float, double, std::int32_t, std::int64_t or std::uint8_t");
@@ -72,6 +83,7 @@ class Tensor {
       fail<DTypeError>("data<", name(dtype_of_v<T>), ">: tensor has dtype ", name(dtype_));
     if (!is_contiguous())
       fail<ValueError>("data: tensor of shape ", to_string(shape_), " is a non-contiguous view; call contiguous() first");
+    wait_to_write();
     return static_cast<T*>(raw_data());
   }
 
@@ -84,9 +96,26 @@ class Tensor {
     return to_vector<T>()[0];
   }
 
+  // Block until the pending ops writing this tensor's storage (and, for
+  // wait_to_write, also reading it) are done, then rethrow the failure of the
+  // op that last wrote it, if that op failed. Inside an engine op they return
+  // at once: the op's inputs were ready before it started.
+  void wait_to_read() const {
+    if (!engine::inside_op()) engine::get().wait_to_read(require("wait_to_read").storage_->var());
+  }
+  void wait_to_write() const {
+    if (!engine::inside_op()) engine::get().wait_to_write(require("wait_to_write").storage_->var());
+  }
+
   Tensor copy() const;         // a contiguous deep copy
   Tensor contiguous() const;   // this, or a contiguous copy of a view
   Tensor astype(DType d) const;
+  // This tensor on `device`: itself when it is already there, else a copy
+  // queued on `device` (it overlaps with work queued on other devices).
+  Tensor to(Device device) const;
+  // Queues a copy of this tensor's values into dst, which must have the same
+  // shape (its dtype may differ: values are converted) and may live on any device.
+  void copy_to(const Tensor& dst) const;
 
   // A view sharing this tensor's storage (used by reshape, transpose, slice).
   Tensor view(const Shape& shape, const Strides& strides, std::int64_t offset) const {

@@ -3,13 +3,18 @@
 // loop over the output (no temporaries); contiguous same-shape operands take a
 // flat vectorised loop, anything else (broadcasting, views) a strided loop
 // over collapsed dimensions. Mixed-dtype trees run node by node, each node
-// fused, with narrower operands converted first (docs/tensors.md).
+// fused, with narrower operands converted first (docs/tensors.md). Each
+// evaluation is one engine op (engine/push.hpp).
 #include <boost/container/small_vector.hpp>
 #include <cstring>
 #include <optional>
+#include <ostream>
 
 #include "../backend/cpu/threads.hpp"
+#include "../core/format.hpp"
+#include "../engine/push.hpp"
 #include "kernel.hpp"
+#include "print.hpp"
 
 namespace hybra {
 
@@ -175,15 +180,38 @@ void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
 template <class E>
 Tensor evaluate_unfused(const E& e);
 
-// Writes src into dst (same shape, any layouts), converting the dtype.
+// Queues writing src into dst (same shape, any layouts, any devices),
+// converting the dtype.
 inline void copy_into(const Tensor& src, const Tensor& dst) {
-  auto e = yap::make_terminal<expression>(src);
-  leaf_list leaves{&src};
-  dispatch(src.dtype(), [&](auto s) {
-    dispatch(dst.dtype(), [&](auto d) {
-      run_fused<typename decltype(s)::type, typename decltype(d)::type>(e, leaves, dst);
+  push_op("copy", {src}, {dst}, [src, dst] {
+    auto e = yap::make_terminal<expression>(src);
+    leaf_list leaves{&src};
+    dispatch(src.dtype(), [&](auto s) {
+      dispatch(dst.dtype(), [&](auto d) {
+        run_fused<typename decltype(s)::type, typename decltype(d)::type>(e, leaves, dst);
+      });
     });
   });
+}
+
+// A copy of e that holds its tensors (sharing their storage) and scalars by
+// value: the tree an engine op runs after the caller's tensors, scalars and
+// sub-expressions may be gone.
+template <class E>
+auto owning_copy(const E& e) {
+  auto leaf = [](const auto& v) { return v; };
+  auto node = [](auto op, auto&&... children) {
+    return apply_op<decltype(op)>(std::move(children)...);
+  };
+  return fold(e, leaf, node);
+}
+
+// Queues running e's kernel into out (see run_fused); the op is named by
+// e's type, e.g. `relu((Tensor * Tensor) + int)`.
+template <class T, class O, class E>
+void push_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
+  static const std::string name = type_string(e);
+  push_op(name, leaves, {out}, [owned = owning_copy(e), out] { run_fused<T, O>(owned, tensor_leaves(owned), out); });
 }
 
 template <class E>
@@ -202,6 +230,8 @@ template <class E>
 Tensor eval(const E& e) {
   if constexpr (detail::is_tensor_v<E>) {
     return e;
+  } else if constexpr (detail::is_terminal<E>()) {
+    return detail::tensor_leaves(e).front()->copy();
   } else {
     auto leaves = detail::tensor_leaves(e);
     Shape shape = detail::infer_shape(e);
@@ -211,7 +241,7 @@ Tensor eval(const E& e) {
       using T = typename decltype(tag)::type;
       using R = kernel::result_t<E, T>;
       Tensor out(shape, dtype_of_v<R>, leaves.front()->device());
-      detail::run_fused<T, R>(e, leaves, out);
+      detail::push_fused<T, R>(e, leaves, out);
       return out;
     });
   }
@@ -279,6 +309,9 @@ Tensor& Tensor::assign(E&& e) {
     detail::copy_into(e, *this);
   } else {
     auto leaves = detail::tensor_leaves(e);
+    if (leaves.front()->device() != device())
+      fail<DeviceError>("assign: the value is computed on ", leaves.front()->device(), " but the destination lives on ",
+                        device(), "; evaluate it there and copy_to the destination");
     bool direct = true;
     for (auto* t : leaves) {
       direct = direct && t->dtype() == leaves.front()->dtype();
@@ -292,7 +325,7 @@ Tensor& Tensor::assign(E&& e) {
         using T = typename decltype(tag)::type;
         using R = kernel::result_t<E, T>;
         if (dtype_of_v<R> != dtype_) return false;
-        detail::run_fused<T, R>(e, leaves, *this);
+        detail::push_fused<T, R>(e, leaves, *this);
         return true;
       });
     }
@@ -309,6 +342,22 @@ inline Tensor Tensor::copy() const {
 
 inline Tensor Tensor::contiguous() const { return is_contiguous() ? *this : copy(); }
 
+inline Tensor Tensor::to(Device d) const {
+  if (require("to").device() == d) return *this;
+  Tensor out(shape_, dtype_, d);
+  detail::copy_into(*this, out);
+  return out;
+}
+
+inline void Tensor::copy_to(const Tensor& dst) const {
+  require("copy_to");
+  dst.require("copy_to");
+  if (dst.shape() != shape_)
+    fail<ShapeError>("copy_to: source of shape ", to_string(shape_), " does not match destination of shape ",
+                     to_string(dst.shape()));
+  detail::copy_into(*this, dst);
+}
+
 inline Tensor Tensor::astype(DType d) const {
   Tensor out(require("astype").shape_, d, device());
   detail::copy_into(*this, out);
@@ -319,6 +368,7 @@ template <class T>
 std::vector<T> Tensor::to_vector() const {
   static_assert(std::is_arithmetic_v<T>, "hybra::Tensor::to_vector<T>: T must be an arithmetic type");
   Tensor c = require("to_vector").contiguous();
+  c.wait_to_read();
   std::vector<T> v(static_cast<std::size_t>(c.size()));
   dispatch(dtype_, [&](auto tag) {
     using S = typename decltype(tag)::type;
@@ -326,6 +376,12 @@ std::vector<T> Tensor::to_vector() const {
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(p[i]);
   });
   return v;
+}
+
+// Prints an expression's value.
+template <yap_expression E>
+std::ostream& operator<<(std::ostream& os, const E& e) {
+  return os << eval(e);
 }
 
 }  // namespace hybra

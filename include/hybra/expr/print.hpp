@@ -3,11 +3,13 @@
 // c, ... in order of first appearance (the same tensor keeps its letter) and
 // prints scalars by value: `relu((a * b) + 2)`. type_string(e) prints what
 // the C++ type alone says: `relu((Tensor * Tensor) + int)`.
+#include <algorithm>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "../core/format.hpp"
-#include "evaluate.hpp"
+#include "fold.hpp"
 
 namespace hybra {
 
@@ -77,11 +79,6 @@ std::string type_string(const E& e) {
   };
   detail::print_node node;
   return fold(e, leaf, node).first;
-}
-
-template <yap_expression E>
-std::ostream& operator<<(std::ostream& os, const E& e) {
-  return os << eval(e);
 }
 
 }  // namespace hybra

@@ -203,9 +203,11 @@ Tensor matmul(A&& a_in, B&& b_in) {
   if (sa.size() > 1) out_shape.push_back(a.shape()[na - 2]);
   if (sb.size() > 1) out_shape.push_back(b.shape()[nb - 1]);
   Tensor out(out_shape, dtype, a.device());
-  dispatch(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    la::product<T>(a, b, batch, static_cast<T*>(out.raw_data()));
+  push_op("matmul", {a, b}, {out}, [a, b, batch, out] {
+    dispatch(out.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      la::product<T>(a, b, batch, static_cast<T*>(out.raw_data()));
+    });
   });
   return out;
 }
@@ -254,9 +256,11 @@ Tensor dot(A&& a_in, B&& b_in) {
     b2 = reshape(transpose(b, k_first), {K, rest_of_b});
   }
   Tensor out(out_shape, dtype, a.device());
-  dispatch(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    la::product<T>(a2, b2, Shape{}, static_cast<T*>(out.raw_data()));
+  push_op("dot", {a2, b2}, {out}, [a2, b2, out] {
+    dispatch(out.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      la::product<T>(a2, b2, Shape{}, static_cast<T*>(out.raw_data()));
+    });
   });
   return out;
 }

@@ -281,6 +281,33 @@ inline std::vector<bool> axis_mask(const Shape& shape, const std::optional<std::
 
 enum class kind { sum, mean, max, min };
 
+// Reduces the contiguous tensor xc, whose dims collapse to `runs`, into out;
+// `count` elements reduce into each output element.
+template <kind K>
+void reduce_into(const Tensor& xc, const Tensor& out, const std::vector<run>& runs, i64 count) {
+  dispatch(xc.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* p = static_cast<const T*>(xc.raw_data());
+    auto write = [&](const auto& values, auto convert) {
+      using O = decltype(convert(values[0]));
+      O* dst = static_cast<O*>(out.raw_data());
+      backend::cpu::parallel_for(out.size(), 1, [&](i64 first, i64 last) {
+        for (i64 i = first; i < last; ++i) dst[i] = convert(values[static_cast<std::size_t>(i)]);
+      });
+    };
+    if constexpr (K == kind::sum) {
+      using Acc = std::conditional_t<std::is_floating_point_v<T>, double, std::uint64_t>;
+      using O = std::conditional_t<std::is_floating_point_v<T>, T, std::int64_t>;
+      write(reduce_runs<sum_op<Acc>>(p, runs), [](Acc v) { return static_cast<O>(v); });
+    } else if constexpr (K == kind::mean) {
+      const double n = static_cast<double>(count);
+      write(reduce_runs<sum_op<double>>(p, runs), [n](double v) { return static_cast<floating_t<T>>(v / n); });
+    } else {
+      write(reduce_runs<extreme_op<T, K == kind::max>>(p, runs), [](T v) { return v; });
+    }
+  });
+}
+
 template <kind K>
 Tensor reduce(const Tensor& x, const std::optional<std::vector<i64>>& axes, bool keepdims, std::string_view op) {
   x.require(op.data());
@@ -307,28 +334,9 @@ Tensor reduce(const Tensor& x, const std::optional<std::vector<i64>>& axes, bool
   if (count == 1) return x.astype(out_dtype).view(out_shape, contiguous_strides(out_shape), 0);
 
   const Tensor xc = x.contiguous();
-  const auto runs = collapse(shape, mask);
   Tensor out(out_shape, out_dtype, x.device());
-  dispatch(in, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* p = static_cast<const T*>(xc.raw_data());
-    auto write = [&](const auto& values, auto convert) {
-      using O = decltype(convert(values[0]));
-      O* dst = static_cast<O*>(out.raw_data());
-      backend::cpu::parallel_for(out.size(), 1, [&](i64 first, i64 last) {
-        for (i64 i = first; i < last; ++i) dst[i] = convert(values[static_cast<std::size_t>(i)]);
-      });
-    };
-    if constexpr (K == kind::sum) {
-      using Acc = std::conditional_t<std::is_floating_point_v<T>, double, std::uint64_t>;
-      using O = std::conditional_t<std::is_floating_point_v<T>, T, std::int64_t>;
-      write(reduce_runs<sum_op<Acc>>(p, runs), [](Acc v) { return static_cast<O>(v); });
-    } else if constexpr (K == kind::mean) {
-      const double n = static_cast<double>(count);
-      write(reduce_runs<sum_op<double>>(p, runs), [n](double v) { return static_cast<floating_t<T>>(v / n); });
-    } else {
-      write(reduce_runs<extreme_op<T, K == kind::max>>(p, runs), [](T v) { return v; });
-    }
+  push_op(op, {xc}, {out}, [xc, out, runs = collapse(shape, mask), count] {
+    reduce_into<K>(xc, out, runs, count);
   });
   return out;
 }
@@ -401,13 +409,15 @@ Tensor argmax(X&& x_in, std::optional<std::int64_t> axis = std::nullopt, bool ke
   if (out.size() == 0) return out;
   if (R == 0) fail<ValueError>("argmax: cannot reduce a zero-size axis of shape ", to_string(shape), " (argmax has no identity)");
   const Tensor xc = x.contiguous();
-  dispatch(x.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    using P = detail::reduce::argmax_op<T>;
-    std::vector<typename P::acc> found(static_cast<std::size_t>(O * I));
-    detail::reduce::reduce_3d<P>(static_cast<const T*>(xc.raw_data()), found.data(), O, R, I);
-    auto* dst = static_cast<std::int64_t*>(out.raw_data());
-    for (std::size_t i = 0; i < found.size(); ++i) dst[i] = found[i].index;
+  push_op("argmax", {xc}, {out}, [xc, out, O, R, I] {
+    dispatch(xc.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      using P = detail::reduce::argmax_op<T>;
+      std::vector<typename P::acc> found(static_cast<std::size_t>(O * I));
+      detail::reduce::reduce_3d<P>(static_cast<const T*>(xc.raw_data()), found.data(), O, R, I);
+      auto* dst = static_cast<std::int64_t*>(out.raw_data());
+      for (std::size_t i = 0; i < found.size(); ++i) dst[i] = found[i].index;
+    });
   });
   return out;
 }

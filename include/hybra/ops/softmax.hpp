@@ -105,10 +105,12 @@ Tensor run(Tensor x, std::int64_t axis, std::string_view op) {
     if (d < ax) O *= as_1d[d];
     if (d > ax) I *= as_1d[d];
   }
-  dispatch(x.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (std::is_floating_point_v<T>)
-      softmax_3d<Log>(static_cast<const T*>(x.raw_data()), static_cast<T*>(out.raw_data()), O, as_1d[ax], I);
+  push_op(op, {x}, {out}, [x, out, O, R = as_1d[ax], I] {
+    dispatch(x.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_floating_point_v<T>)
+        softmax_3d<Log>(static_cast<const T*>(x.raw_data()), static_cast<T*>(out.raw_data()), O, R, I);
+    });
   });
   return out;
 }

@@ -1,54 +1,83 @@
 #pragma once
 // How many cores hybra's CPU kernels (fused loops and BLAS) use, and the
-// parallel loop they share.
+// parallel loop they share. Inside an engine op the count is also capped by
+// the op's share of the cores (engine/context.hpp), so that ops running at
+// once on several CPU devices do not oversubscribe the machine.
+//
+// OpenMP is optional (CMake option HYBRA_OPENMP): without it parallel_for
+// runs on the calling thread (the engine still runs independent ops at once). The ThreadSanitizer build uses that, since libgomp
+// is not instrumented and its barriers would look like races.
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <thread>
 
-extern "C" void openblas_set_num_threads(int);
+#include "../../engine/context.hpp"
 
 namespace hybra {
 
 namespace detail {
+// OpenMP's default honours OMP_NUM_THREADS. Without OpenMP, every core: BLAS
+// still uses this count.
+inline int default_thread_count() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+#endif
+}
 inline std::atomic<int>& thread_count() {
-  static std::atomic<int> n{omp_get_max_threads()};
+  static std::atomic<int> n{default_thread_count()};
   return n;
 }
 }  // namespace detail
 
 inline int num_threads() { return detail::thread_count().load(std::memory_order_relaxed); }
 
-// Sets the threads used by fused loops and by OpenBLAS (n >= 1).
-inline void set_num_threads(int n) {
-  n = std::max(1, n);
-  detail::thread_count().store(n, std::memory_order_relaxed);
-  openblas_set_num_threads(n);
-}
+// Sets the threads used by fused loops and by OpenBLAS (n >= 1; BLAS picks
+// it up at its next call, backend/cpu/blas.hpp).
+inline void set_num_threads(int n) { detail::thread_count().store(std::max(1, n), std::memory_order_relaxed); }
 
 namespace backend::cpu {
+
+// The threads the calling code may use now: num_threads(), capped inside an
+// engine op by its device's share.
+inline int available_threads() { return std::min(num_threads(), engine::current_device_threads()); }
 
 // Below this many elements a loop runs on the calling thread: waking the
 // OpenMP team costs more than it saves.
 inline constexpr std::int64_t parallel_grain = 1 << 15;
 
 // Calls body(begin, end) over [0, n) split into one contiguous range per
-// thread; `cost` is the number of elements each index stands for.
+// thread; `cost` is the number of elements each index stands for. Without
+// OpenMP it is one call over [0, n) on the calling thread.
 template <class Body>
 void parallel_for(std::int64_t n, std::int64_t cost, Body&& body) {
-  int threads = static_cast<int>(std::min<std::int64_t>({num_threads(), n, n * cost / parallel_grain}));
+#ifndef _OPENMP
+  (void)cost;
+  body(std::int64_t{0}, n);
+#else
+  int threads = static_cast<int>(std::min<std::int64_t>({available_threads(), n, n * cost / parallel_grain}));
   if (threads <= 1) {
     body(std::int64_t{0}, n);
     return;
   }
+  // The team's threads run as part of the caller's engine op (if any): code
+  // they call must see that too (it runs sub-ops at once, never waits).
+  const engine::detail::Context caller = engine::detail::context;
 #pragma omp parallel num_threads(threads)
   {
+    engine::detail::ContextScope scope(caller.engine, caller.op, caller.threads);
     std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     std::int64_t chunk = (n + nt - 1) / nt;
     std::int64_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
     body(begin, end);
   }
+#endif
 }
 
 }  // namespace backend::cpu

@@ -1,0 +1,87 @@
+#pragma once
+// Tensor ops on the engine: every eager op validates its operands and
+// allocates its result on the calling thread (so shape, dtype, device and
+// out-of-memory errors are thrown by the call itself), then pushes the
+// computation, which reads the operands' storages and writes the result's.
+// The closure holds Tensor copies, so the storages it touches live until it
+// has run however early the caller drops its handles.
+#include <boost/container/small_vector.hpp>
+#include <functional>
+#include <initializer_list>
+#include <ranges>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "../core/tensor.hpp"
+#include "context.hpp"
+#include "engine.hpp"
+
+namespace hybra {
+
+// The tensors an op reads or writes: a braced list of tensors, a vector of
+// them, or a list of pointers; viewed for the duration of the call.
+class TensorRefs {
+ public:
+  TensorRefs(std::initializer_list<std::reference_wrapper<const Tensor>> ts) {
+    for (const Tensor& t : ts) refs_.push_back(&t);
+  }
+  TensorRefs(const std::vector<Tensor>& ts) {  // NOLINT(google-explicit-constructor)
+    for (const Tensor& t : ts) refs_.push_back(&t);
+  }
+  template <std::ranges::input_range R>
+    requires std::same_as<std::ranges::range_value_t<R>, const Tensor*>
+  TensorRefs(const R& ts) : refs_(std::ranges::begin(ts), std::ranges::end(ts)) {}  // NOLINT
+
+  auto begin() const { return refs_.begin(); }
+  auto end() const { return refs_.end(); }
+  bool empty() const { return refs_.empty(); }
+  const Tensor& front() const { return *refs_.front(); }
+
+ private:
+  boost::container::small_vector<const Tensor*, 8> refs_;
+};
+
+namespace detail {
+
+// Whether writing t overwrites everything its storage holds, so that the
+// write does not depend on (or inherit the failure of) the earlier value.
+inline bool covers_storage(const Tensor& t) {
+  return t.offset() == 0 && t.is_contiguous() &&
+         static_cast<std::size_t>(t.size()) * size_of(t.dtype()) == t.storage()->bytes();
+}
+
+}  // namespace detail
+
+// Queues fn() on the device of writes.front() after every earlier op that
+// writes what it reads, or reads or writes what it writes; returns at once.
+// fn must capture by value what it uses (Tensor copies keep storage alive).
+// Writes to part of a storage (a view) are ordered as read-modify-writes.
+// Called from inside an engine op, fn runs at once: the enclosing op's
+// inputs are ready and whatever it created since is complete.
+template <class F>
+void push_op(std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn) {
+  if (writes.empty()) fail<ValueError>("push_op: op '", name, "' writes no tensor");
+  for (TensorRefs list : {reads, writes})
+    for (const Tensor* t : list)
+      if (!t->defined()) fail<ValueError>(name, ": the tensor is empty (default-constructed or moved-from)");
+  if (engine::inside_op()) {
+    fn();
+    return;
+  }
+  boost::container::small_vector<engine::Var, 8> read_vars, write_vars;
+  for (const Tensor* t : reads) read_vars.push_back(t->storage()->var());
+  for (const Tensor* t : writes) {
+    write_vars.push_back(t->storage()->var());
+    if (!detail::covers_storage(*t)) read_vars.push_back(t->storage()->var());
+  }
+  engine::get().push(name, std::forward<F>(fn), std::span<const engine::Var>(read_vars.data(), read_vars.size()),
+                     std::span<const engine::Var>(write_vars.data(), write_vars.size()), writes.front().device());
+}
+
+// Blocks until every queued op has finished, then rethrows the earliest
+// failure that no wait has reported yet.
+inline void waitall() { engine::get().waitall(); }
+
+}  // namespace hybra

@@ -1,0 +1,332 @@
+// Tensors on the engine: ops return futures, sync points wait, independent
+// work runs at once on several CPU devices, failures reach every sync point
+// downstream, and a large random program gives the same values as the
+// synchronous (naive) engine.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <hybra/hybra.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+using namespace hybra;
+using engine::EngineType;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// Runs a test body with the global engine of the given type (whatever
+// HYBRA_ENGINE_TYPE says), restoring the previous type afterwards.
+class EngineTypeScope {
+ public:
+  explicit EngineTypeScope(EngineType t) : saved_(engine::get().type()) { engine::get().set_type(t); }
+  EngineTypeScope(const EngineTypeScope&) = delete;
+  EngineTypeScope& operator=(const EngineTypeScope&) = delete;
+  ~EngineTypeScope() { engine::get().set_type(saved_); }
+
+ private:
+  EngineType saved_;
+};
+
+bool await_flag(const std::atomic<bool>& flag, std::chrono::milliseconds limit = 5000ms) {
+  const auto end = Clock::now() + limit;
+  while (!flag.load()) {
+    if (Clock::now() > end) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// Queues an op that writes `value` into t once `open` is set: the caller
+// controls when it finishes.
+void push_gate(const Tensor& t, const std::shared_ptr<std::atomic<bool>>& open, float value) {
+  push_op("gate", {}, {t}, [t, open, value] {
+    await_flag(*open);
+    auto* p = static_cast<float*>(t.raw_data());
+    for (std::int64_t i = 0; i < t.size(); ++i) p[i] = value;
+  });
+}
+
+std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
+
+}  // namespace
+
+TEST_CASE("async: ops return before their inputs are ready; reads wait for them") {
+  EngineTypeScope threaded(EngineType::threaded);
+  auto open = std::make_shared<std::atomic<bool>>(false);
+  Tensor t({4});
+  push_gate(t, open, 2.0f);
+  // Everything below is queued behind the gate, which is still closed.
+  Tensor u = relu(t * 3 - 1);
+  Tensor s = sum(u);
+  Tensor m = matmul(reshape(u, {1, 4}), reshape(t, {4, 1}));
+  open->store(true);
+  CHECK(values(u) == std::vector<float>(4, 5.0f));
+  CHECK(s.item<float>() == 20.0f);
+  CHECK(m.item<float>() == 40.0f);
+}
+
+TEST_CASE("async: data, printing and wait_to_read wait for pending writes") {
+  EngineTypeScope threaded(EngineType::threaded);
+  for (int kind = 0; kind < 3; ++kind) {
+    auto open = std::make_shared<std::atomic<bool>>(false);
+    Tensor t({2});
+    push_gate(t, open, 7.0f);
+    std::thread opener([open] {
+      std::this_thread::sleep_for(20ms);
+      open->store(true);
+    });
+    if (kind == 0) {
+      CHECK(t.data<float>()[1] == 7.0f);
+    } else if (kind == 1) {
+      std::ostringstream os;
+      os << t;
+      CHECK(os.str().rfind("[7. 7.]", 0) == 0);
+    } else {
+      t.wait_to_read();
+      CHECK(static_cast<const float*>(t.raw_data())[0] == 7.0f);
+    }
+    opener.join();
+  }
+}
+
+TEST_CASE("async: a write waits for earlier reads and writes of the same storage") {
+  EngineTypeScope threaded(EngineType::threaded);
+  auto open = std::make_shared<std::atomic<bool>>(false);
+  Tensor t = full({3}, 1.0f);
+  Tensor gate({3});
+  push_gate(gate, open, 10.0f);
+  Tensor before = t + gate;  // reads t (after the gate)
+  t.assign(t * 2);           // must not overwrite t before `before` has read it
+  Tensor after = t + 0;
+  slice(t, 0, 0, 1).assign(full({1}, 5.0f));  // a partial write, after the whole one
+  open->store(true);
+  CHECK(values(before) == std::vector<float>(3, 11.0f));
+  CHECK(values(after) == std::vector<float>(3, 2.0f));
+  CHECK(values(t) == std::vector<float>{5.0f, 2.0f, 2.0f});
+}
+
+TEST_CASE("async: dropping tensors whose ops are pending is safe") {
+  EngineTypeScope threaded(EngineType::threaded);
+  auto open = std::make_shared<std::atomic<bool>>(false);
+  Tensor result;
+  {
+    Tensor t({1000});
+    push_gate(t, open, 1.5f);
+    Tensor u = exp(t * 0);  // all of t, u and the expression go out of scope while pending
+    result = u + t;
+  }
+  open->store(true);
+  CHECK(values(result) == std::vector<float>(1000, 2.5f));
+}
+
+TEST_CASE("async: independent work on cpu(0) and cpu(1) runs at the same time") {
+  EngineTypeScope threaded(EngineType::threaded);
+  auto first = std::make_shared<std::atomic<bool>>(false), second = std::make_shared<std::atomic<bool>>(false);
+  Tensor a({1}, DType::float32, cpu(0)), b({1}, DType::float32, cpu(1));
+  // Each op waits for the other to start: both finish only if they overlap.
+  push_op("meet0", {}, {a}, [a, first, second] {
+    first->store(true);
+    *static_cast<float*>(a.raw_data()) = await_flag(*second) ? 1.0f : 0.0f;
+  });
+  push_op("meet1", {}, {b}, [b, first, second] {
+    second->store(true);
+    *static_cast<float*>(b.raw_data()) = await_flag(*first) ? 1.0f : 0.0f;
+  });
+  CHECK(a.item<float>() == 1.0f);
+  CHECK(b.item<float>() == 1.0f);
+}
+
+TEST_CASE("async: an op's threads are its device's share of the cores") {
+  EngineTypeScope threaded(EngineType::threaded);
+  Tensor on0({1}, DType::int32, cpu(0)), on1({1}, DType::int32, cpu(1));
+  for (const Tensor& t : {on0, on1})
+    push_op("threads", {}, {t}, [t] { *static_cast<std::int32_t*>(t.raw_data()) = backend::cpu::available_threads(); });
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // cpu(0) and cpu(1) are both in use: together they get the machine, each
+  // at least one thread and neither more than its share.
+  const int t0 = on0.item<int>(), t1 = on1.item<int>();
+  CHECK(t0 == std::min(num_threads(), engine::get().device_threads(cpu(0))));
+  CHECK(t1 == std::min(num_threads(), engine::get().device_threads(cpu(1))));
+  CHECK(t0 >= 1);
+  CHECK(t1 >= 1);
+  CHECK(engine::get().device_threads(cpu(0)) + engine::get().device_threads(cpu(1)) <= std::max(hw, 2));
+  CHECK(backend::cpu::available_threads() == std::min(num_threads(), hw));  // outside an op
+}
+
+TEST_CASE("async: copies between devices") {
+  Tensor a = arange(0, 6).astype(DType::float64);
+  CHECK(a.to(cpu(0)).storage() == a.storage());
+  Tensor b = a.to(cpu(1));
+  CHECK(b.device() == cpu(1));
+  CHECK(b.storage() != a.storage());
+  CHECK(b.to_vector<double>() == a.to_vector<double>());
+  Tensor c = zeros({6}, DType::int32, cpu(2));
+  b.copy_to(c);
+  CHECK(c.to_vector<int>() == std::vector<int>{0, 1, 2, 3, 4, 5});
+  Tensor row = zeros({2, 3}, DType::float32, cpu(1));
+  slice(reshape(a, {2, 3}), 0, 1, 2).copy_to(slice(row, 0, 0, 1));
+  CHECK(values(row) == std::vector<float>{3, 4, 5, 0, 0, 0});
+  CHECK_THROWS_WITH_AS(a.copy_to(zeros({5})), doctest::Contains("copy_to: source of shape (6,) does not match"),
+                       ShapeError);
+}
+
+TEST_CASE("async: device errors are thrown by the call") {
+  CHECK(devices() == std::vector<Device>{cpu(0)});
+  CHECK_THROWS_WITH_AS(zeros({2}, DType::float32, cuda(0)), doctest::Contains("cuda(0) is not available"), DeviceError);
+  CHECK_THROWS_WITH_AS(zeros({2}, DType::float32, cpu(max_cpu_devices)), doctest::Contains("cpu(0) to cpu(63)"),
+                       DeviceError);
+  CHECK_THROWS_WITH_AS(zeros({2}, DType::float32, cpu(-1)), doctest::Contains("there is no device cpu(-1)"), DeviceError);
+  Tensor a = ones({2}), b = ones({2}, DType::float32, cpu(1));
+  CHECK_THROWS_WITH_AS(Tensor(a + b), doctest::Contains("operands live on cpu(0) and cpu(1)"), DeviceError);
+  CHECK_THROWS_WITH_AS(matmul(a, b), doctest::Contains("matmul: operands live on cpu(0) and cpu(1)"), DeviceError);
+  CHECK_THROWS_WITH_AS(b.assign(a * 2), doctest::Contains("assign: the value is computed on cpu(0)"), DeviceError);
+  b.assign(a);  // a plain tensor is copied across
+  CHECK(values(b) == std::vector<float>{1, 1});
+}
+
+TEST_CASE("async: shape errors are thrown by the call, not at the next sync point") {
+  Tensor a = ones({2, 3}), b = ones({4});
+  CHECK_THROWS_AS(Tensor(a + b), ShapeError);
+  CHECK_THROWS_AS(matmul(a, a), ShapeError);
+  CHECK_THROWS_AS(sum(a, 2), AxisError);
+  waitall();  // nothing failed asynchronously
+}
+
+TEST_CASE("async: a failed op's error reaches the tensors downstream, every wait and waitall") {
+  for (EngineType type : {EngineType::threaded, EngineType::naive}) {
+    EngineTypeScope scope(type);
+    Tensor bad({3});
+    push_op("explode", {}, {bad}, [] { fail<ValueError>("the detonator was pressed"); });
+    Tensor down = sum(bad * 2);  // does not run: bad has no value
+    Tensor fine = ones({3}) + 1;
+    const char* message = "engine op 'explode' on cpu(0) failed: the detonator was pressed";
+    CHECK_THROWS_WITH_AS(down.item<float>(), doctest::Contains(message), ValueError);
+    CHECK_THROWS_WITH_AS(bad.wait_to_read(), doctest::Contains(message), ValueError);
+    CHECK_THROWS_WITH_AS((void)bad.to_vector<float>(), doctest::Contains(message), ValueError);
+    std::ostringstream os;
+    CHECK_THROWS_AS(os << down, ValueError);
+    CHECK(values(fine) == std::vector<float>(3, 2.0f));
+    waitall();  // every failure was delivered by a wait already
+
+    Tensor lost({1});
+    push_op("unwatched", {}, {lost}, [] { throw std::runtime_error("nobody waits for me"); });
+    CHECK_THROWS_WITH_AS(waitall(), doctest::Contains("engine op 'unwatched' on cpu(0) failed: nobody waits for me"),
+                         Error);
+    waitall();  // delivered once
+
+    // A whole overwrite gives the tensor a value again; a partial one cannot.
+    bad.assign(full({3}, 4.0f));
+    CHECK(values(bad) == std::vector<float>(3, 4.0f));
+    Tensor half({4});
+    push_op("explode", {}, {half}, [] { fail<ValueError>("again"); });
+    slice(half, 0, 0, 2).assign(zeros({2}));
+    CHECK_THROWS_AS(half.wait_to_read(), ValueError);
+    CHECK(sum(arange(0, 5)).item<float>() == 10.0f);  // the engine goes on working
+  }
+}
+
+TEST_CASE("async: code inside an op runs sub-ops at once and reads without waiting") {
+  EngineTypeScope threaded(EngineType::threaded);
+  Tensor in = arange(0, 4), out({4});
+  std::atomic<bool> same_thread{false};
+  push_op("composite", {in}, {out}, [in, out, &same_thread]() mutable {
+    const auto me = std::this_thread::get_id();
+    Tensor twice = in * 2;           // runs here and now, not queued behind this op
+    out.assign(exp(twice * 0) + twice);
+    same_thread = std::this_thread::get_id() == me && twice.to_vector<float>()[3] == 6.0f;
+  });
+  CHECK(values(out) == std::vector<float>{1, 3, 5, 7});
+  CHECK(same_thread.load());
+}
+
+TEST_CASE("async: the naive engine runs each op on the calling thread before the call returns") {
+  EngineTypeScope naive(EngineType::naive);
+  Tensor t({1});
+  std::thread::id ran_on;
+  push_op("where", {}, {t}, [&ran_on] { ran_on = std::this_thread::get_id(); });
+  CHECK(ran_on == std::this_thread::get_id());
+}
+
+namespace {
+
+// A random program over a few hundred small tensors spread over two CPU
+// devices: fused expressions, in-place and partial writes, copies within and
+// across devices, matmul, reductions, softmax and handles dropped while
+// pending. Returns every tensor's final values.
+std::vector<std::vector<float>> random_program(int ops, unsigned seed) {
+  constexpr int n_tensors = 256;
+  std::mt19937 rng(seed);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  Generator gen(seed);
+  std::vector<Tensor> slots;
+  for (int i = 0; i < n_tensors; ++i)
+    slots.push_back(random_uniform({4, 4}, -1, 1, DType::float32, cpu(i % 2), gen));
+  // An operand for slot i's device: another slot, moved there first when needed.
+  auto on = [&](int j, Device d) { return slots[static_cast<std::size_t>(j)].to(d); };
+  for (int step = 0; step < ops; ++step) {
+    const int i = pick(n_tensors), j = pick(n_tensors), k = pick(n_tensors);
+    Tensor& dst = slots[static_cast<std::size_t>(i)];
+    const Device d = dst.device();
+    switch (pick(8)) {
+      case 0: dst = tanh(on(j, d) * on(k, d) + 0.5f); break;
+      case 1: dst.assign(dst - on(j, d) * 0.25f); break;
+      case 2: slice(dst, 0, 1, 3).assign(slice(on(j, d), 0, 0, 2) * -1); break;
+      case 3: dst = on(j, cpu(1 - d.id)); break;
+      case 4: slots[static_cast<std::size_t>(j)].copy_to(dst); break;
+      case 5: dst = tanh(matmul(on(j, d), on(k, d))); break;
+      case 6: dst = on(j, d) - mean(on(j, d), 1, true); break;
+      default: dst = softmax(on(j, d), pick(2)); break;
+    }
+  }
+  std::vector<std::vector<float>> result;
+  for (const auto& t : slots) result.push_back(values(t));
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("async: a random program of 100k ops on two devices matches the naive engine") {
+  std::vector<std::vector<float>> threaded_result, naive_result;
+  {
+    EngineTypeScope threaded(EngineType::threaded);
+    threaded_result = random_program(100000, 7);
+  }
+  {
+    EngineTypeScope naive(EngineType::naive);
+    naive_result = random_program(100000, 7);
+  }
+  REQUIRE(threaded_result.size() == naive_result.size());
+  int differing = 0;
+  for (std::size_t t = 0; t < threaded_result.size(); ++t) differing += threaded_result[t] != naive_result[t];
+  CHECK(differing == 0);
+}
+
+// Shutting the global engine down ends hybra for the rest of the process, so
+// this case is skipped in the main run and run alone, in a process of its
+// own, by ctest's `unit_shutdown` (hybra_tests --no-skip -ts="own process").
+TEST_SUITE("own process") {
+  TEST_CASE("async: shutdown runs the pending work, then ops throw and waits still answer" * doctest::skip()) {
+    EngineTypeScope threaded(EngineType::threaded);
+    auto open = std::make_shared<std::atomic<bool>>(false);
+    Tensor t({8});
+    push_gate(t, open, 1.0f);
+    Tensor acc = zeros({8}, DType::float32, cpu(1));
+    for (int i = 0; i < 1000; ++i) acc.assign(acc + t.to(cpu(1)));
+    std::thread opener([open] {
+      std::this_thread::sleep_for(20ms);
+      open->store(true);
+    });
+    engine::shutdown();  // returns once all of the above has run
+    opener.join();
+    CHECK(values(acc) == std::vector<float>(8, 1000.0f));
+    CHECK_THROWS_WITH(ones({2}), doctest::Contains("op 'full' pushed after the engine was shut down"));
+    acc.wait_to_write();
+    waitall();
+  }
+}
