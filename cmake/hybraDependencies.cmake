@@ -2,12 +2,25 @@
 # find_package(hybra) resolves exactly what the build tree uses.
 include(CMakeFindDependencyMacro)
 find_dependency(Boost 1.81 CONFIG)
-find_dependency(OpenMP)
+# HYBRA_OPENMP is hybra's own option (CMakeLists.txt); a consumer of the
+# installed package does not set it, and then finds OpenMP in case the
+# exported target links it.
+if(NOT DEFINED HYBRA_OPENMP OR HYBRA_OPENMP)
+  find_dependency(OpenMP)
+endif()
 set(BLA_VENDOR OpenBLAS)
 find_dependency(BLAS)
 
 function(hybra_link_dependencies target)
-  target_link_libraries(${target} INTERFACE Boost::headers OpenMP::OpenMP_CXX BLAS::BLAS m)
+  target_link_libraries(${target} INTERFACE Boost::headers BLAS::BLAS m)
+  if(HYBRA_OPENMP)
+    target_link_libraries(${target} INTERFACE OpenMP::OpenMP_CXX)
+  else()
+    # -fopenmp-simd keeps the `#pragma omp simd` loops vectorised without
+    # the OpenMP runtime (and does not define _OPENMP).
+    target_compile_options(${target} INTERFACE
+      $<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang>:-fopenmp-simd>)
+  endif()
   # -fno-math-errno lets GCC call glibc's vector math (libmvec) for exp/tanh
   # inside fused loops; without it every transcendental stays scalar (~10x).
   target_compile_options(${target} INTERFACE
