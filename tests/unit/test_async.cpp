@@ -245,6 +245,20 @@ TEST_CASE("async: code inside an op runs sub-ops at once and reads without waiti
   CHECK(same_thread.load());
 }
 
+TEST_CASE("async: running out of memory inside an op is an OutOfMemory at the sync point") {
+  Tensor t({1});
+  push_op("hungry", {}, {t}, [] { throw std::bad_alloc(); });
+  CHECK_THROWS_WITH_AS(t.wait_to_read(), doctest::Contains("engine op 'hungry' on cpu(0) failed: out of memory"),
+                       OutOfMemory);
+}
+
+TEST_CASE("async: assigning another view of the same storage reads it before overwriting it") {
+  Tensor m = arange(0, 9).astype(DType::int32);
+  m = reshape(m, {3, 3});
+  m.assign(transpose(m, {1, 0}));
+  CHECK(m.to_vector<int>() == std::vector<int>{0, 3, 6, 1, 4, 7, 2, 5, 8});
+}
+
 TEST_CASE("async: the naive engine runs each op on the calling thread before the call returns") {
   EngineTypeScope naive(EngineType::naive);
   Tensor t({1});

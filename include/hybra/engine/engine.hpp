@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -365,6 +366,8 @@ class Engine {
       f->error = std::make_exception_ptr(OutOfMemory(where + e.what()));
     } catch (const ValueError& e) {
       f->error = std::make_exception_ptr(ValueError(where + e.what()));
+    } catch (const std::bad_alloc&) {
+      f->error = std::make_exception_ptr(OutOfMemory(where + "out of memory"));
     } catch (const std::exception& e) {
       f->error = std::make_exception_ptr(Error(where + e.what()));
     } catch (...) {

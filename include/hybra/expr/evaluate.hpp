@@ -306,7 +306,11 @@ Tensor& Tensor::assign(E&& e) {
   if (broadcast_shapes(shape, shape_, "assign") != shape_)
     fail<ShapeError>("assign: a value of shape ", to_string(shape), " cannot be written into shape ", to_string(shape_));
   if constexpr (detail::is_tensor_v<E>) {
-    detail::copy_into(e, *this);
+    // Another view of this storage (a transpose of itself) would be read
+    // while it is overwritten: copy it out first.
+    const bool other_view = e.storage() == storage_ && (e.shape() != shape_ || e.strides() != strides_ ||
+                                                        e.offset() != offset_);
+    detail::copy_into(other_view ? e.copy() : Tensor(e), *this);
   } else {
     auto leaves = detail::tensor_leaves(e);
     if (leaves.front()->device() != device())
