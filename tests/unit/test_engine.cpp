@@ -509,10 +509,10 @@ TEST_CASE("engine: a closure too big for the op record still runs and is freed")
   Engine e(threaded());
   Var v;
   auto token = std::make_shared<int>(0);
-  std::array<std::int64_t, 64> big{};
-  big[63] = 41;
+  std::array<std::int64_t, engine::detail::Task::inline_size / sizeof(std::int64_t) + 1> big{};
+  big.back() = 41;
   std::int64_t got = 0;
-  e.push("big closure", [big, token, &got] { got = big[63] + 1; }, {}, {v}, cpu(0));
+  e.push("big closure", [big, token, &got] { got = big.back() + 1; }, {}, {v}, cpu(0));
   e.wait_to_read(v);
   e.waitall();
   CHECK(got == 42);
