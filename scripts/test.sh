@@ -84,34 +84,31 @@ else
   skip "build" "configure failed"; skip "ctest" "configure failed"
 fi
 
-# 2. Sanitizer build: unit tests and examples under ASan + UBSan.
-if stage "asan configure" cmake -S . -B "$ASAN_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
-     "-DCMAKE_CXX_FLAGS=-O0 $SANITIZE" -DCMAKE_CXX_FLAGS_DEBUG=-g1 "-DCMAKE_EXE_LINKER_FLAGS=$SANITIZE" \
-     -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=OFF --log-level=WARNING; then
-  if stage "asan build" cmake --build "$ASAN_DIR"; then
-    # Compile-fail and packaging tests do not run sanitized code: stage 1 ran them.
-    stage "asan ctest" run_ctest "$ASAN_DIR" -LE 'compile_fail|consumer'
+# sanitized NAME DIR FLAGS CMAKE_ARGS...: configure DIR with the sanitizer
+# FLAGS (compile and link), build the unit tests and examples, run them.
+# Compile-fail and packaging tests do not run sanitized code: stage 1 ran them.
+sanitized() {
+  local name=$1 dir=$2 flags=$3; shift 3
+  if stage "$name configure" cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+       "-DCMAKE_CXX_FLAGS=$flags" -DCMAKE_CXX_FLAGS_DEBUG=-g1 "-DCMAKE_EXE_LINKER_FLAGS=$flags" \
+       -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=OFF --log-level=WARNING "$@"; then
+    if stage "$name build" cmake --build "$dir"; then
+      stage "$name ctest" run_ctest "$dir" -LE 'compile_fail|consumer'
+    else
+      skip "$name ctest" "build failed"
+    fi
   else
-    skip "asan ctest" "build failed"
+    skip "$name build" "configure failed"; skip "$name ctest" "configure failed"
   fi
-else
-  skip "asan build" "configure failed"; skip "asan ctest" "configure failed"
-fi
+}
 
-# 3. ThreadSanitizer build: unit tests and examples, without OpenMP.
-if stage "tsan configure" cmake -S . -B "$TSAN_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
-     "-DCMAKE_CXX_FLAGS=-O1 $TSAN" -DCMAKE_CXX_FLAGS_DEBUG=-g1 "-DCMAKE_EXE_LINKER_FLAGS=$TSAN" -DHYBRA_OPENMP=OFF \
-     -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=OFF --log-level=WARNING; then
-  if stage "tsan build" cmake --build "$TSAN_DIR"; then
-    # OpenBLAS is not instrumented either, but the tests' products are below its
-    # threading threshold: it computes them on the calling (checked) thread.
-    stage "tsan ctest" run_ctest "$TSAN_DIR" -LE 'compile_fail|consumer'
-  else
-    skip "tsan ctest" "build failed"
-  fi
-else
-  skip "tsan build" "configure failed"; skip "tsan ctest" "configure failed"
-fi
+# 2. ASan + UBSan.
+sanitized asan "$ASAN_DIR" "-O0 $SANITIZE"
+
+# 3. ThreadSanitizer, without OpenMP. OpenBLAS is not instrumented either, but
+# the tests' products are below its threading threshold: it computes them on
+# the calling (checked) thread.
+sanitized tsan "$TSAN_DIR" "-O1 $TSAN" -DHYBRA_OPENMP=OFF
 
 t=$((SECONDS - total_start))
 echo
