@@ -13,7 +13,12 @@ namespace detail {
 
 struct OpRecord;
 
-inline int hardware_threads() noexcept { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+// Cached: glibc's hardware_concurrency() reads /sys on every call (~2.4 us),
+// and every parallel loop and BLAS call asks.
+inline int hardware_threads() noexcept {
+  static const int n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return n;
+}
 
 // What the calling thread is running, for current_device_threads() and to
 // refuse waits from inside an op (the op would wait for itself).

@@ -1,9 +1,11 @@
 #pragma once
 // Matrix products with NumPy's shape rules: matmul (batched, broadcasting the
 // batch dims) and dot. float32/float64 go to OpenBLAS. A product with a single
-// row or column (M == 1 or N == 1, which includes every vector operand) calls
-// GEMV, and vector . vector calls DOT: OpenBLAS's GEMM has no fast path for
-// a single row and is several times slower than GEMV there. A matrix that BLAS can read in place (a row-major one with any
+// row or column (M == 1 or N == 1, which includes every vector operand) is a
+// GEMV (hybra's own, backend/cpu/gemv.hpp, where the matrix's rows are the
+// summed dimension; else OpenBLAS's), and vector . vector calls DOT:
+// OpenBLAS's GEMM has no fast path for a single row and is several times
+// slower than GEMV there. A matrix that BLAS can read in place (a row-major one with any
 // row stride, or a transposed view, given as a transpose flag) is passed as
 // it is; any other layout is copied to contiguous once. Integer dtypes have no
 // BLAS and use a plain row-times-matrix loop that accumulates modulo 2^64, so
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "../backend/cpu/blas.hpp"
+#include "../backend/cpu/gemv.hpp"
 #include "../backend/cpu/threads.hpp"
 #include "../expr/evaluate.hpp"
 #include "layout.hpp"
@@ -93,10 +96,12 @@ void blas_product(Tensor a, Tensor b, const Shape& batch, T* c, std::int64_t M, 
     if (M == 1 && N == 1) {
       *pc = blas::dot(K, pa, a_k, pb, b_k);
     } else if (M == 1) {  // c = B^T a
-      if (lb.trans) blas::gemv(false, N, K, T(1), pb, lb.ld, pa, a_k, T(0), pc, 1);
+      if (lb.trans && a_k == 1) backend::cpu::gemv(pb, lb.ld, pa, pc, N, K);
+      else if (lb.trans) blas::gemv(false, N, K, T(1), pb, lb.ld, pa, a_k, T(0), pc, 1);
       else blas::gemv(true, K, N, T(1), pb, lb.ld, pa, a_k, T(0), pc, 1);
     } else if (N == 1) {  // c = A b
-      if (la.trans) blas::gemv(true, K, M, T(1), pa, la.ld, pb, b_k, T(0), pc, 1);
+      if (!la.trans && b_k == 1) backend::cpu::gemv(pa, la.ld, pb, pc, M, K);
+      else if (la.trans) blas::gemv(true, K, M, T(1), pa, la.ld, pb, b_k, T(0), pc, 1);
       else blas::gemv(false, M, K, T(1), pa, la.ld, pb, b_k, T(0), pc, 1);
     } else {
       blas::gemm(la.trans, lb.trans, M, N, K, T(1), pa, la.ld, pb, lb.ld, T(0), pc, N);
