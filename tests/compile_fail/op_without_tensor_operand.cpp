@@ -1,4 +1,4 @@
-// expect: hybra: an elementwise op needs at least one Tensor or expression operand
+// expect: hybra: an elementwise op needs at least one Tensor, Symbol or expression operand
 // hybra::pow on two plain numbers is not a tensor op.
 #include <hybra/hybra.hpp>
 

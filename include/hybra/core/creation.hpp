@@ -93,6 +93,7 @@ template <class Draw>
 Tensor random_fill(const Shape& shape, DType dtype, Device device, Generator& gen, Draw draw, const char* op) {
   if (!is_floating(dtype)) fail<DTypeError>(op, ": dtype must be float32 or float64, not ", name(dtype));
   Tensor t(shape, dtype, device);
+  if (device == meta()) return t;  // inference only: draws nothing, so later values do not shift
   const std::int64_t n = t.size();
   const std::uint64_t first = gen.advance(static_cast<std::uint64_t>((n + 1) / 2));
   push_op(op, {}, {t}, [t, n, first, gen = Generator(gen), draw] {

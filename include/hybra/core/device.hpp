@@ -5,7 +5,7 @@
 
 namespace hybra {
 
-enum class DeviceKind : unsigned char { cpu, cuda };
+enum class DeviceKind : unsigned char { cpu, cuda, meta };
 
 // A device tag. cpu(i) names a logical CPU device: all share the host's
 // memory, and each has its own queue in the engine, so independent work on
@@ -18,6 +18,7 @@ struct Device {
 
 constexpr Device cpu(int id = 0) { return {DeviceKind::cpu, id}; }
 constexpr Device cuda(int id = 0) { return {DeviceKind::cuda, id}; }
+constexpr Device meta() { return {DeviceKind::meta, 0}; }
 
 // The logical CPU devices that may be named: cpu(0) .. cpu(max_cpu_devices - 1).
 inline constexpr int max_cpu_devices = 64;
@@ -27,6 +28,7 @@ inline constexpr int max_cpu_devices = 64;
 inline std::vector<Device> devices() { return {cpu(0)}; }
 
 inline std::ostream& operator<<(std::ostream& os, Device d) {
+  if (d.kind == DeviceKind::meta) return os << "meta";
   return os << (d.kind == DeviceKind::cpu ? "cpu(" : "cuda(") << d.id << ')';
 }
 

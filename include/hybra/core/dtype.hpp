@@ -42,6 +42,13 @@ constexpr std::string_view name(DType d) {
   return "invalid";
 }
 
+// The dtype a name() spells; anything else is a DTypeError naming `what`.
+inline DType parse_dtype(std::string_view text, std::string_view what) {
+  for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8})
+    if (name(d) == text) return d;
+  fail<DTypeError>(what, ": unknown dtype '", text, "' (float32, float64, int32, int64 or uint8)");
+}
+
 constexpr std::size_t size_of(DType d) {
   switch (d) {
     case DType::float32: return 4;
@@ -106,6 +113,20 @@ inline DType promote_types(DType a, DType b) {
   return dispatch(a, [&](auto ta) {
     return dispatch(b, [&](auto tb) {
       return dtype_of_v<promote_t<typename decltype(ta)::type, false, typename decltype(tb)::type, false>>;
+    });
+  });
+}
+
+// The same rule for operands that may be weak (C++ scalars), at run time.
+inline DType promote_types(DType a, bool weak_a, DType b, bool weak_b) {
+  return dispatch(a, [&](auto ta) {
+    return dispatch(b, [&](auto tb) {
+      using A = typename decltype(ta)::type;
+      using B = typename decltype(tb)::type;
+      if (weak_a && weak_b) return dtype_of_v<promote_t<A, true, B, true>>;
+      if (weak_a) return dtype_of_v<promote_t<A, true, B, false>>;
+      if (weak_b) return dtype_of_v<promote_t<A, false, B, true>>;
+      return dtype_of_v<promote_t<A, false, B, false>>;
     });
   });
 }

@@ -1,7 +1,7 @@
 #pragma once
 // A reference-counted, 64-byte aligned buffer on one device, with the engine
 // var that orders the ops reading and writing it (engine/var.hpp, which needs
-// nothing from core but its errors).
+// nothing from core but its errors). A meta storage allocates nothing.
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -18,6 +18,7 @@ class Storage {
   static constexpr std::size_t alignment = 64;
 
   Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
+    if (device == meta()) return;
     if (device.kind != DeviceKind::cpu)
       fail<DeviceError>("allocate: device ", device, " is not available in this build; use cpu(i)");
     if (device.id < 0 || device.id >= max_cpu_devices)

@@ -5,6 +5,7 @@
 // A Tensor is a future: the op that computes it is queued on the engine and
 // the call returns at once. Reading values (to_vector, item, data, printing)
 // or wait_to_read() waits for that op, and rethrows its failure if it failed.
+#include <boost/hana/fwd/tuple.hpp>
 #include <boost/yap/algorithm_fwd.hpp>
 #include <cstdint>
 #include <memory>
@@ -25,6 +26,22 @@ namespace hybra {
 template <class E>
 concept yap_expression = boost::yap::is_expr<std::remove_cvref_t<E>>::value;
 
+class Symbol;  // graph/symbol.hpp
+
+// Whether an expression has a Symbol leaf: such an expression describes a
+// graph, not values, and never becomes a Tensor.
+namespace detail {
+template <class T>
+struct contains_symbol : std::is_same<T, Symbol> {};
+template <template <boost::yap::expr_kind, class> class Expr, boost::yap::expr_kind Kind, class... Ts>
+struct contains_symbol<Expr<Kind, boost::hana::tuple<Ts...>>>
+    : std::disjunction<contains_symbol<std::remove_cvref_t<Ts>>...> {};
+}  // namespace detail
+template <class T>
+inline constexpr bool contains_symbol_v = detail::contains_symbol<std::remove_cvref_t<T>>::value;
+template <class E>
+concept tensor_expression = yap_expression<E> && !contains_symbol_v<E>;
+
 class Tensor {
  public:
   Tensor() = default;
@@ -43,9 +60,9 @@ class Tensor {
   }
 
   // Evaluates a whole expression in one fused pass (expr/evaluate.hpp).
-  template <yap_expression E>
+  template <tensor_expression E>
   Tensor(E&& e);  // NOLINT(google-explicit-constructor): `Tensor c = a * b + 2;`
-  template <yap_expression E>
+  template <tensor_expression E>
   Tensor& operator=(E&& e);
   // Writes an expression's values into this tensor's existing storage
   // (broadcast to this shape, converted to this dtype). An expression must
@@ -116,6 +133,25 @@ class Tensor {
   // Queues a copy of this tensor's values into dst, which must have the same
   // shape (its dtype may differ: values are converted) and may live on any device.
   void copy_to(const Tensor& dst) const;
+
+  // A contiguous tensor over part of an existing storage, starting
+  // byte_offset bytes in (a multiple of the dtype's size): how a planned
+  // graph places its intermediate values in one workspace (jit/cpu_plan.hpp).
+  static Tensor from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype,
+                             std::size_t byte_offset) {
+    const auto n = static_cast<std::size_t>(checked_numel(shape, "from_storage"));
+    if (!storage || byte_offset % size_of(dtype) != 0 || byte_offset > storage->bytes() ||
+        n > (storage->bytes() - byte_offset) / size_of(dtype))
+      fail<ValueError>("from_storage: ", to_string(shape), ' ', name(dtype), " at byte ", byte_offset,
+                       " does not fit a storage of ", storage ? storage->bytes() : 0, " bytes");
+    Tensor t;
+    t.storage_ = std::move(storage);
+    t.shape_ = shape;
+    t.strides_ = contiguous_strides(shape);
+    t.offset_ = static_cast<std::int64_t>(byte_offset / size_of(dtype));
+    t.dtype_ = dtype;
+    return t;
+  }
 
   // A view sharing this tensor's storage (used by reshape, transpose, slice).
   Tensor view(const Shape& shape, const Strides& strides, std::int64_t offset) const {

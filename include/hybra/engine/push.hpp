@@ -59,13 +59,15 @@ inline bool covers_storage(const Tensor& t) {
 // fn must capture by value what it uses (Tensor copies keep storage alive).
 // Writes to part of a storage (a view) are ordered as read-modify-writes.
 // Called from inside an engine op, fn runs at once: the enclosing op's
-// inputs are ready and whatever it created since is complete.
+// inputs are ready and whatever it created since is complete. An op writing
+// a meta tensor is dropped: it has nothing to compute.
 template <class F>
 void push_op(std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn) {
   if (writes.empty()) fail<ValueError>("push_op: op '", name, "' writes no tensor");
   for (TensorRefs list : {reads, writes})
     for (const Tensor* t : list)
       if (!t->defined()) fail<ValueError>(name, ": the tensor is empty (default-constructed or moved-from)");
+  if (writes.front().device() == meta()) return;  // shape inference only: no values to compute
   if (engine::inside_op()) {
     fn();
     return;

@@ -228,6 +228,9 @@ constexpr bool is_terminal() {
 // returns it unchanged (no copy).
 template <class E>
 Tensor eval(const E& e) {
+  static_assert(!contains_symbol_v<E>,
+                "hybra: an expression over symbols has no values to evaluate; assign it to a Symbol (it becomes "
+                "graph nodes), or call the block with tensors");
   if constexpr (detail::is_tensor_v<E>) {
     return e;
   } else if constexpr (detail::is_terminal<E>()) {
@@ -291,10 +294,10 @@ Tensor evaluate_unfused(const E& e) {
 
 }  // namespace detail
 
-template <yap_expression E>
+template <tensor_expression E>
 Tensor::Tensor(E&& e) : Tensor(eval(e)) {}
 
-template <yap_expression E>
+template <tensor_expression E>
 Tensor& Tensor::operator=(E&& e) {
   return *this = eval(e);
 }
@@ -383,7 +386,7 @@ std::vector<T> Tensor::to_vector() const {
 }
 
 // Prints an expression's value.
-template <yap_expression E>
+template <tensor_expression E>
 std::ostream& operator<<(std::ostream& os, const E& e) {
   return os << eval(e);
 }

@@ -1,7 +1,9 @@
 #pragma once
 // hybra's Boost.Yap expression template. `a * b + 2` builds a tree whose C++
 // type is the expression's typed graph; nothing is computed until the tree is
-// assigned to a Tensor (evaluate.hpp), which runs it in one fused pass.
+// assigned to a Tensor (evaluate.hpp), which runs it in one fused pass. The
+// same operators over Symbols (graph/symbol.hpp) build a tree that becomes
+// graph nodes when assigned to a Symbol: one op table, two modes.
 #include <boost/hana/tuple.hpp>
 #include <boost/yap/algorithm.hpp>
 #include <boost/yap/user_macros.hpp>
@@ -18,6 +20,16 @@ template <yap::expr_kind Kind, class Tuple>
 struct expression {
   static constexpr yap::expr_kind kind = Kind;
   Tuple elements;
+
+  // `if (x > 0)` on a tensor or symbol expression: an `if` must not silently
+  // test something else (and a captured graph cannot branch on a value).
+  template <class B>
+    requires std::same_as<B, bool>
+  explicit operator B() const {
+    static_assert(!std::same_as<B, bool>,
+                  "hybra: an expression has no truth value. On tensors, test a value (item<T>()); on symbols, "
+                  "`if` on a value cannot be captured into a graph: use where(condition, a, b) instead");
+  }
 };
 
 #define HYBRA_EXPR_BINARY(kind_name) BOOST_YAP_USER_BINARY_OPERATOR(kind_name, expression, expression)
@@ -34,10 +46,11 @@ HYBRA_EXPR_BINARY(not_equal_to)
 #undef HYBRA_EXPR_BINARY
 BOOST_YAP_USER_UNARY_OPERATOR(negate, expression, expression)
 
+// The leaf types hybra's operators apply to.
 template <class T>
-struct is_tensor : std::is_same<T, Tensor> {};
+struct is_leaf_type : std::bool_constant<std::is_same_v<T, Tensor> || std::is_same_v<T, Symbol>> {};
 
-#define HYBRA_TENSOR_BINARY(kind_name) BOOST_YAP_USER_UDT_ANY_BINARY_OPERATOR(kind_name, expression, is_tensor)
+#define HYBRA_TENSOR_BINARY(kind_name) BOOST_YAP_USER_UDT_ANY_BINARY_OPERATOR(kind_name, expression, is_leaf_type)
 HYBRA_TENSOR_BINARY(plus)
 HYBRA_TENSOR_BINARY(minus)
 HYBRA_TENSOR_BINARY(multiplies)
@@ -49,7 +62,7 @@ HYBRA_TENSOR_BINARY(greater_equal)
 HYBRA_TENSOR_BINARY(equal_to)
 HYBRA_TENSOR_BINARY(not_equal_to)
 #undef HYBRA_TENSOR_BINARY
-BOOST_YAP_USER_UDT_UNARY_OPERATOR(negate, expression, is_tensor)
+BOOST_YAP_USER_UDT_UNARY_OPERATOR(negate, expression, is_leaf_type)
 
 // Which op of the op table each C++ operator means.
 template <yap::expr_kind Kind>
@@ -69,10 +82,17 @@ template <> struct operator_op<yap::expr_kind::greater_equal> { using type = op:
 template <> struct operator_op<yap::expr_kind::equal_to> { using type = op::equal; };
 template <> struct operator_op<yap::expr_kind::not_equal_to> { using type = op::not_equal; };
 
+// A Tensor or an expression over tensors (and scalars): it has values.
 template <class X>
-concept tensor_like = yap_expression<X> || std::is_same_v<std::remove_cvref_t<X>, Tensor>;
+concept tensor_like = std::is_same_v<std::remove_cvref_t<X>, Tensor> ||
+                      (yap_expression<X> && !contains_symbol_v<X>);
+// A Symbol or an expression with a Symbol leaf: it describes a graph.
 template <class X>
-concept operand = tensor_like<X> || std::is_arithmetic_v<std::remove_cvref_t<X>>;
+concept symbol_like = std::is_same_v<std::remove_cvref_t<X>, Symbol> || (yap_expression<X> && contains_symbol_v<X>);
+template <class X>
+concept array_like = tensor_like<X> || symbol_like<X>;
+template <class X>
+concept operand = array_like<X> || std::is_arithmetic_v<std::remove_cvref_t<X>>;
 
 // An op-table op applied to operands: a Yap call node whose callee terminal
 // holds the op's tag. At least one operand must be a Tensor or expression.
@@ -80,21 +100,21 @@ template <class Op, class... Args>
 auto apply_op(Args&&... args) {
   static_assert(sizeof...(Args) == Op::arity, "hybra: wrong number of operands for this op");
   static_assert((operand<Args> && ...),
-                "hybra: an operand of an elementwise op must be a Tensor, a hybra expression or an "
+                "hybra: an operand of an elementwise op must be a Tensor, a Symbol, a hybra expression or an "
                 "arithmetic scalar");
-  static_assert((tensor_like<Args> || ...),
-                "hybra: an elementwise op needs at least one Tensor or expression operand");
+  static_assert((array_like<Args> || ...),
+                "hybra: an elementwise op needs at least one Tensor, Symbol or expression operand");
   return yap::make_expression<expression, yap::expr_kind::call>(
       yap::make_terminal<expression>(Op{}), static_cast<Args&&>(args)...);
 }
 
-template <tensor_like X> auto exp(X&& x) { return apply_op<op::exp>(static_cast<X&&>(x)); }
-template <tensor_like X> auto log(X&& x) { return apply_op<op::log>(static_cast<X&&>(x)); }
-template <tensor_like X> auto sqrt(X&& x) { return apply_op<op::sqrt>(static_cast<X&&>(x)); }
-template <tensor_like X> auto abs(X&& x) { return apply_op<op::abs>(static_cast<X&&>(x)); }
-template <tensor_like X> auto tanh(X&& x) { return apply_op<op::tanh>(static_cast<X&&>(x)); }
-template <tensor_like X> auto sigmoid(X&& x) { return apply_op<op::sigmoid>(static_cast<X&&>(x)); }
-template <tensor_like X> auto relu(X&& x) { return apply_op<op::relu>(static_cast<X&&>(x)); }
+template <array_like X> auto exp(X&& x) { return apply_op<op::exp>(static_cast<X&&>(x)); }
+template <array_like X> auto log(X&& x) { return apply_op<op::log>(static_cast<X&&>(x)); }
+template <array_like X> auto sqrt(X&& x) { return apply_op<op::sqrt>(static_cast<X&&>(x)); }
+template <array_like X> auto abs(X&& x) { return apply_op<op::abs>(static_cast<X&&>(x)); }
+template <array_like X> auto tanh(X&& x) { return apply_op<op::tanh>(static_cast<X&&>(x)); }
+template <array_like X> auto sigmoid(X&& x) { return apply_op<op::sigmoid>(static_cast<X&&>(x)); }
+template <array_like X> auto relu(X&& x) { return apply_op<op::relu>(static_cast<X&&>(x)); }
 template <class A, class B> auto pow(A&& a, B&& b) { return apply_op<op::pow>(static_cast<A&&>(a), static_cast<B&&>(b)); }
 template <class A, class B> auto maximum(A&& a, B&& b) { return apply_op<op::maximum>(static_cast<A&&>(a), static_cast<B&&>(b)); }
 template <class A, class B> auto minimum(A&& a, B&& b) { return apply_op<op::minimum>(static_cast<A&&>(a), static_cast<B&&>(b)); }

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 
 #include "../backend/cpu/vector_math.hpp"
@@ -164,6 +165,13 @@ struct minimum : entry<minimum_name, none_name, 2, promote> {
 struct where : entry<where_name, none_name, 3, select> {
   template <class T> HYBRA_HD static constexpr T apply(bool c, T a, T b) { return c ? a : b; }
 };
+
+// Every elementwise op, for the layers that look ops up by name or number at
+// run time (the graph, fused CPU loops of captured graphs). A new op's struct
+// goes here too.
+using elementwise_ops = std::tuple<add, subtract, multiply, divide, negative, less, less_equal, greater,
+                                   greater_equal, equal, not_equal, exp, log, sqrt, abs, tanh, sigmoid, relu, pow,
+                                   maximum, minimum, where>;
 
 // The C++ type an op computes in and returns, from its operands' C++ types and
 // whether each is a "weak" scalar (see hybra::promote).

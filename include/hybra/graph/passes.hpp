@@ -1,0 +1,249 @@
+#pragma once
+// Graph passes. Each takes a graph and returns an equivalent one (the same
+// outputs for the same inputs, run() being the judge), so each is tested on
+// its own; optimize() chains them. Fusion rewrites groups of nodes into one
+// node whose `body` is the subgraph it computes (graph.hpp), which the CPU
+// planner compiles into one loop.
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "graph.hpp"
+
+namespace hybra::graph {
+
+namespace detail {
+
+inline std::vector<std::vector<int>> consumers(const Graph& g) {
+  std::vector<std::vector<int>> c(g.nodes.size());
+  for (std::size_t i = 0; i < g.nodes.size(); ++i)
+    for (int in : g.nodes[i].inputs) c[static_cast<std::size_t>(in)].push_back(static_cast<int>(i));
+  return c;
+}
+
+inline bool is_output(const Graph& g, int id) {
+  return std::find(g.outputs.begin(), g.outputs.end(), id) != g.outputs.end();
+}
+
+// Keeps the nodes for which keep[i] is true (in order), with node i's uses
+// redirected to replace[i] first.
+inline Graph rebuild(const Graph& g, const std::vector<bool>& keep, const std::vector<int>& replace) {
+  auto target = [&](int id) {
+    while (replace[static_cast<std::size_t>(id)] != id) id = replace[static_cast<std::size_t>(id)];
+    return id;
+  };
+  Graph out;
+  std::vector<int> index(g.nodes.size(), -1);
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    if (!keep[i]) continue;
+    Node n = g.nodes[i];
+    for (int& in : n.inputs) in = index[static_cast<std::size_t>(target(in))];
+    index[i] = static_cast<int>(out.nodes.size());
+    out.nodes.push_back(std::move(n));
+  }
+  for (int o : g.outputs) out.outputs.push_back(index[static_cast<std::size_t>(target(o))]);
+  return out;
+}
+
+inline std::vector<int> identity(const Graph& g) {
+  std::vector<int> r(g.nodes.size());
+  for (std::size_t i = 0; i < r.size(); ++i) r[i] = static_cast<int>(i);
+  return r;
+}
+
+// Ops whose result is not a function of their inputs alone.
+inline bool is_pure(const Node& n) { return n.op != "dropout"; }
+
+inline bool is_elementwise(const Node& n) {
+  return n.op == "fused" || (!is_leaf(n) && find_op(n.op).elementwise >= 0 && !n.body);
+}
+
+// The subgraph of `members` (ascending ids, `root` among them) as a body:
+// scalars are copied in, every other outside input becomes a var (the
+// `first` one, if given, becomes var 0). Returns the body and, per var, the
+// outside node it stands for.
+inline std::pair<Graph, std::vector<int>> extract(const Graph& g, const std::vector<int>& members, int root,
+                                                  std::optional<int> first = std::nullopt) {
+  Graph body;
+  std::vector<int> outside;
+  std::unordered_map<int, int> local;
+  auto use = [&](int id) {
+    if (auto it = local.find(id); it != local.end()) return it->second;
+    const Node& n = g.nodes[static_cast<std::size_t>(id)];
+    if (n.op == "scalar") {
+      body.nodes.push_back(n);
+    } else {
+      body.nodes.push_back(Node{"var", "in" + std::to_string(outside.size()), {}, {}, n.meta, {}, nullptr});
+      outside.push_back(id);
+    }
+    return local[id] = static_cast<int>(body.nodes.size()) - 1;
+  };
+  if (first) use(*first);
+  for (int m : members) {
+    Node n = g.nodes[static_cast<std::size_t>(m)];
+    if (n.op == "fused") {  // already a body: inline it
+      std::vector<int> ids;
+      for (int in : n.inputs) ids.push_back(use(in));
+      std::unordered_map<int, int> inner;
+      std::size_t next_var = 0;
+      for (std::size_t k = 0; k < n.body->nodes.size(); ++k) {
+        Node b = n.body->nodes[k];
+        if (b.op == "var") {
+          inner[static_cast<int>(k)] = ids[next_var++];
+          continue;
+        }
+        for (int& in : b.inputs) in = inner.at(in);
+        body.nodes.push_back(std::move(b));
+        inner[static_cast<int>(k)] = static_cast<int>(body.nodes.size()) - 1;
+      }
+      local[m] = inner.at(n.body->outputs.front());
+      continue;
+    }
+    for (int& in : n.inputs) in = use(in);
+    body.nodes.push_back(std::move(n));
+    local[m] = static_cast<int>(body.nodes.size()) - 1;
+  }
+  body.outputs = {local.at(root)};
+  return {std::move(body), std::move(outside)};
+}
+
+}  // namespace detail
+
+// Drops the nodes no output depends on (vars stay: they are the graph's inputs).
+inline Graph eliminate_dead_code(const Graph& g) {
+  std::vector<bool> live(g.nodes.size(), false);
+  for (int o : g.outputs) live[static_cast<std::size_t>(o)] = true;
+  for (std::size_t i = g.nodes.size(); i-- > 0;) {
+    if (g.nodes[i].op == "var") live[i] = true;
+    if (!live[i]) continue;
+    for (int in : g.nodes[i].inputs) live[static_cast<std::size_t>(in)] = true;
+  }
+  return detail::rebuild(g, live, detail::identity(g));
+}
+
+// Evaluates every pure node whose inputs are all constants, once, and keeps
+// its value as a constant (the chapter's fancy_func(1, 2, 3, 4) becomes 10).
+inline Graph fold_constants(const Graph& g) {
+  Graph out = g;
+  for (auto& n : out.nodes) {
+    if (is_leaf(n) || !detail::is_pure(n)) continue;
+    bool constant = true;
+    std::vector<Tensor> in;
+    std::vector<Meta> meta;
+    for (int k : n.inputs) {
+      const Node& src = out.nodes[static_cast<std::size_t>(k)];
+      constant = constant && (src.op == "const" || src.op == "scalar");
+      in.push_back(src.value);
+      meta.push_back(src.meta);
+    }
+    if (!constant) continue;
+    Tensor value = eval_node(n, in, meta);
+    n = Node{"const", {}, {}, {}, Meta{value.shape(), value.dtype(), false}, value, nullptr};
+  }
+  return eliminate_dead_code(out);
+}
+
+// Merges nodes that compute the same thing: the same op and attributes on
+// the same inputs (constants: the same tensor; scalars: the same value).
+inline Graph eliminate_common_subexpressions(const Graph& g) {
+  std::vector<int> replace = detail::identity(g);
+  std::map<std::string, int> seen;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.op == "var" || !detail::is_pure(n)) continue;
+    std::ostringstream key;
+    key << n.op << '|';
+    for (int in : n.inputs) key << replace[static_cast<std::size_t>(in)] << ',';
+    for (const auto& [k, v] : n.attrs) key << '|' << k << '=' << v;
+    if (n.meta.dtype) key << '|' << name(*n.meta.dtype);
+    if (n.op == "const")
+      key << '|' << n.value.storage().get() << '@' << n.value.offset() << hybra::to_string(n.value.shape())
+          << hybra::to_string(n.value.strides());
+    if (n.body) key << "|body" << n.body.get();
+    auto [it, fresh] = seen.emplace(key.str(), static_cast<int>(i));
+    if (!fresh) replace[i] = it->second;
+  }
+  std::vector<bool> keep(g.nodes.size());
+  for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = replace[i] == static_cast<int>(i);
+  return detail::rebuild(g, keep, replace);
+}
+
+// Whether a node can be part of a fused loop: an elementwise op on floats
+// whose operands all have its dtype (or are scalars, converted once).
+inline bool fusable(const Graph& g, const Node& n) {
+  if (!detail::is_elementwise(n) || !n.meta.shape || !n.meta.dtype || !is_floating(*n.meta.dtype)) return false;
+  for (int in : n.inputs) {
+    const Node& src = g.nodes[static_cast<std::size_t>(in)];
+    if (src.op != "scalar" && src.meta.dtype != n.meta.dtype) return false;
+  }
+  return true;
+}
+
+// Chains of elementwise nodes become one "fused" node: a node joins its
+// consumer's group when that is its only use and it has the group's shape
+// (a smaller, broadcast operand stays outside and is read with stride 0).
+inline Graph fuse_elementwise(const Graph& g) {
+  const auto users = detail::consumers(g);
+  std::vector<int> group(g.nodes.size(), -1);
+  for (std::size_t i = g.nodes.size(); i-- > 0;) {
+    const Node& n = g.nodes[i];
+    if (!fusable(g, n)) continue;
+    group[i] = static_cast<int>(i);
+    if (users[i].size() == 1 && !detail::is_output(g, static_cast<int>(i))) {
+      const int user = users[i].front();
+      const int root = group[static_cast<std::size_t>(user)];
+      if (root >= 0 && g.nodes[static_cast<std::size_t>(root)].meta.shape == n.meta.shape) group[i] = root;
+    }
+  }
+  Graph out = g;
+  for (std::size_t root = 0; root < g.nodes.size(); ++root) {
+    if (group[root] != static_cast<int>(root)) continue;
+    std::vector<int> members;
+    for (std::size_t i = 0; i <= root; ++i)
+      if (group[i] == static_cast<int>(root)) members.push_back(static_cast<int>(i));
+    if (members.size() < 2) continue;
+    auto [body, outside] = detail::extract(g, members, static_cast<int>(root));
+    out.nodes[root] = Node{"fused", {}, {}, outside, g.nodes[root].meta, {}, std::make_shared<const Graph>(std::move(body))};
+  }
+  return eliminate_dead_code(out);
+}
+
+// A matrix product (fully_connected, matmul) whose result is used only by an
+// elementwise node or fused group of the same shape takes that group as its
+// epilogue: bias-add and activation are applied to the product's rows as
+// they are computed, with no separate pass over memory.
+inline Graph fuse_epilogues(const Graph& g) {
+  const auto users = detail::consumers(g);
+  Graph out = g;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (!fusable(g, n)) continue;
+    for (int in : n.inputs) {
+      const Node& p = g.nodes[static_cast<std::size_t>(in)];
+      if ((p.op != "fully_connected" && p.op != "matmul") || p.body || users[static_cast<std::size_t>(in)].size() != 1 ||
+          detail::is_output(g, in) || p.meta.shape != n.meta.shape || p.meta.dtype != n.meta.dtype)
+        continue;
+      auto [body, outside] = detail::extract(g, {static_cast<int>(i)}, static_cast<int>(i), in);
+      Node product = p;
+      product.inputs.insert(product.inputs.end(), outside.begin() + 1, outside.end());
+      product.meta = n.meta;
+      product.body = std::make_shared<const Graph>(std::move(body));
+      out.nodes[i] = std::move(product);
+      break;
+    }
+  }
+  return eliminate_dead_code(out);
+}
+
+// Every pass, in order.
+inline Graph optimize(const Graph& g) {
+  Graph out = fold_constants(g);
+  out = eliminate_common_subexpressions(out);
+  out = eliminate_dead_code(out);
+  out = fuse_elementwise(out);
+  return fuse_epilogues(out);
+}
+
+}  // namespace hybra::graph

@@ -1,0 +1,177 @@
+#pragma once
+// The graph's view of the op table: every op a graph node can name, with its
+// arity and its eager function. Elementwise entries are generated from
+// op::elementwise_ops; the others are one line each here. A node's shape and
+// dtype are inferred by running the op's own eager function on meta tensors
+// (core/device.hpp), so each op has one shape rule and one set of error
+// messages, in whichever mode it runs.
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../ops/linalg.hpp"
+#include "../ops/nn.hpp"
+#include "../ops/reduce.hpp"
+#include "../ops/softmax.hpp"
+#include "attrs.hpp"
+
+namespace hybra::graph {
+
+struct OpDef {
+  std::string_view name;
+  int arity;             // -1: one or more (concat)
+  int elementwise = -1;  // index into op::elementwise_ops, or -1
+  op::DTypeRule rule = op::DTypeRule::promote;
+  std::string_view symbol;  // elementwise: the C++ infix operator, or ""
+
+  // The eager op on tensors. Elementwise ops receive every operand as a
+  // tensor: scalar operands arrive as 0-d tensors of the node's common dtype.
+  Tensor (*eval)(std::span<const Tensor> in, const Attrs& attrs) = nullptr;
+};
+
+namespace detail {
+
+template <class Op>
+Tensor eval_elementwise(std::span<const Tensor> in, const Attrs&) {
+  return [&]<std::size_t... I>(std::index_sequence<I...>) { return eval(apply_op<Op>(in[I]...)); }(
+      std::make_index_sequence<Op::arity>{});
+}
+
+inline std::optional<std::vector<std::int64_t>> axes_attr(const Attrs& a, std::string_view op) {
+  return parse_optional(find_attr(a, "axis", op), [&](std::string_view t) { return parse_tuple(t, op); });
+}
+inline bool keepdims_attr(const Attrs& a, std::string_view op) { return parse_bool(find_attr(a, "keepdims", op), op); }
+inline std::int64_t int_attr(const Attrs& a, std::string_view key, std::string_view op) {
+  return parse_int(find_attr(a, key, op), op);
+}
+inline std::optional<std::int64_t> optional_int_attr(const Attrs& a, std::string_view key, std::string_view op) {
+  return parse_optional(find_attr(a, key, op), [&](std::string_view t) { return parse_int(t, op); });
+}
+inline Axes reduce_axes(const Attrs& a, std::string_view op) {
+  auto axes = axes_attr(a, op);
+  return axes ? Axes(*axes) : Axes();
+}
+
+inline std::vector<OpDef> op_defs() {
+  std::vector<OpDef> defs;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (defs.push_back(OpDef{std::tuple_element_t<I, op::elementwise_ops>::name,
+                          std::tuple_element_t<I, op::elementwise_ops>::arity, static_cast<int>(I),
+                          std::tuple_element_t<I, op::elementwise_ops>::rule,
+                          std::tuple_element_t<I, op::elementwise_ops>::symbol,
+                          &eval_elementwise<std::tuple_element_t<I, op::elementwise_ops>>}),
+     ...);
+  }(std::make_index_sequence<std::tuple_size_v<op::elementwise_ops>>{});
+  using T = std::span<const Tensor>;
+  using A = const Attrs&;
+  auto def = [&](std::string_view name, int arity, Tensor (*eval)(T, A)) { defs.push_back(OpDef{name, arity, -1, {}, {}, eval}); };
+  def("matmul", 2, [](T in, A) { return matmul(in[0], in[1]); });
+  def("dot", 2, [](T in, A) { return dot(in[0], in[1]); });
+  def("sum", 1, [](T in, A a) { return sum(in[0], reduce_axes(a, "sum"), keepdims_attr(a, "sum")); });
+  def("mean", 1, [](T in, A a) { return mean(in[0], reduce_axes(a, "mean"), keepdims_attr(a, "mean")); });
+  def("max", 1, [](T in, A a) { return max(in[0], reduce_axes(a, "max"), keepdims_attr(a, "max")); });
+  def("min", 1, [](T in, A a) { return min(in[0], reduce_axes(a, "min"), keepdims_attr(a, "min")); });
+  def("argmax", 1, [](T in, A a) {
+    return argmax(in[0], optional_int_attr(a, "axis", "argmax"), keepdims_attr(a, "argmax"));
+  });
+  def("softmax", 1, [](T in, A a) { return softmax(in[0], int_attr(a, "axis", "softmax")); });
+  def("log_softmax", 1, [](T in, A a) { return log_softmax(in[0], int_attr(a, "axis", "log_softmax")); });
+  def("reshape", 1, [](T in, A a) {
+    auto s = parse_tuple(find_attr(a, "shape", "reshape"), "reshape");
+    return reshape(in[0], Shape(s.begin(), s.end()));
+  });
+  def("transpose", 1, [](T in, A a) {
+    auto axes = axes_attr(a, "transpose");
+    return axes ? transpose(in[0], *axes) : transpose(in[0]);
+  });
+  def("slice", 1, [](T in, A a) {
+    return slice(in[0], int_attr(a, "axis", "slice"), optional_int_attr(a, "begin", "slice"),
+                 optional_int_attr(a, "end", "slice"), int_attr(a, "step", "slice"));
+  });
+  def("concat", -1, [](T in, A a) { return concat(std::vector<Tensor>(in.begin(), in.end()), int_attr(a, "axis", "concat")); });
+  def("astype", 1, [](T in, A a) { return in[0].astype(parse_dtype(find_attr(a, "dtype", "astype"), "astype")); });
+  def("flatten", 1, [](T in, A) { return flatten(in[0]); });
+  def("fully_connected", -1, [](T in, A) {
+    if (in.size() != 2 && in.size() != 3)
+      fail<ValueError>("fully_connected: takes (data, weight) or (data, weight, bias), not ", in.size(), " inputs");
+    return fully_connected(in[0], in[1], in.size() == 3 ? in[2] : Tensor{});
+  });
+  def("dropout", 1, [](T in, A a) { return dropout(in[0], parse_double(find_attr(a, "rate", "dropout"), "dropout")); });
+  return defs;
+}
+
+}  // namespace detail
+
+// What inference knows of a value: shape and dtype when known (a symbol
+// made without a shape has none until the graph is bound to inputs), and
+// whether it is a weak C++ scalar (core/dtype.hpp).
+struct Meta {
+  std::optional<Shape> shape;
+  std::optional<DType> dtype;
+  bool weak = false;
+};
+
+// The entry for an op name; an unknown name is a ValueError naming it.
+inline const OpDef& find_op(std::string_view name) {
+  static const auto table = [] {
+    std::unordered_map<std::string_view, OpDef> t;
+    for (const auto& d : detail::op_defs()) t.emplace(d.name, d);
+    return t;
+  }();
+  auto it = table.find(name);
+  if (it == table.end()) fail<ValueError>("graph: unknown op '", name, "'");
+  return it->second;
+}
+
+// The dtype an elementwise op's operands are converted to before its rule
+// applies (for a comparison: the dtype of its 1/0 result; for `where`: that of
+// the two choices): scalars adapt to tensors, as in a fused expression.
+inline std::optional<DType> common_dtype(const OpDef& def, std::span<const Meta> in) {
+  std::optional<DType> common;
+  bool weak = true;
+  for (std::size_t i = def.rule == op::DTypeRule::select ? 1 : 0; i < in.size(); ++i) {
+    if (!in[i].dtype) return std::nullopt;
+    common = common ? promote_types(*common, weak, *in[i].dtype, in[i].weak) : *in[i].dtype;
+    weak = weak && in[i].weak;
+  }
+  return common;
+}
+
+// The shape and dtype of an op's result. Elementwise: broadcasting and the
+// op's dtype rule. Any other op: its eager function run on meta tensors,
+// which throws the op's own error for operands it rejects.
+inline Meta infer(const OpDef& def, std::span<const Meta> in, const Attrs& attrs) {
+  if (def.arity >= 0 && static_cast<int>(in.size()) != def.arity)
+    fail<ValueError>(def.name, ": takes ", def.arity, " operands, not ", in.size());
+  if (def.arity < 0 && in.empty()) fail<ValueError>(def.name, ": needs at least one operand");
+  Meta out;
+  bool known = true;
+  for (const auto& m : in) known = known && m.shape && m.dtype;
+  if (def.elementwise >= 0) {
+    out.weak = true;
+    for (const auto& m : in) out.weak = out.weak && m.weak;
+    if (auto common = common_dtype(def, in))
+      out.dtype = def.rule == op::DTypeRule::promote_float && !is_floating(*common) ? DType::float32 : *common;
+    bool shaped = true;
+    Shape shape;
+    for (const auto& m : in) {
+      if (!m.shape) shaped = false;
+      else shape = broadcast_shapes(shape, *m.shape, def.name);
+    }
+    if (shaped) out.shape = shape;
+    return out;
+  }
+  if (!known) return out;
+  std::vector<Tensor> metas;
+  for (const auto& m : in) metas.emplace_back(*m.shape, *m.dtype, meta());
+  Tensor r = def.eval(metas, attrs);
+  out.shape = r.shape();
+  out.dtype = r.dtype();
+  return out;
+}
+
+}  // namespace hybra::graph

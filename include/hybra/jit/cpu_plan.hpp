@@ -1,0 +1,309 @@
+#pragma once
+// An optimised graph compiled for one CPU device and one input signature:
+// a list of steps (fused loops, matrix products with their epilogues, and
+// the eager op for anything else) over buffers planned ahead of time. A call
+// is ONE engine op: it reads the inputs and parameters, writes fresh output
+// tensors and the plan's workspace (which also orders calls of one plan).
+//
+// Memory planning: every intermediate value a step writes gets a slice of one
+// preallocated workspace; values whose lifetimes do not overlap share a
+// slice (greedy best fit in step order), and an elementwise step may write
+// over an input it reads for the last time. peak_bytes() is the workspace's
+// size, unplanned_bytes() what the same values would take with a buffer each.
+#include <algorithm>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../autograd/mode.hpp"
+#include "../engine/push.hpp"
+#include "../graph/passes.hpp"
+#include "fused_loop.hpp"
+
+namespace hybra::jit {
+
+class CpuPlan {
+ public:
+  CpuPlan(graph::Graph g, Device device, bool training, std::string name)
+      : state_(std::make_shared<State>()) {
+    auto& s = *state_;
+    s.graph = std::move(g);
+    s.training = training;
+    s.name = std::move(name);
+    s.device = device;
+    build();
+  }
+
+  const graph::Graph& graph() const { return state_->graph; }
+  std::size_t peak_bytes() const { return state_->peak_bytes; }
+  std::size_t unplanned_bytes() const { return state_->unplanned_bytes; }
+
+  // Inputs are the graph's vars in order (graph::Graph::vars()) and must have
+  // the shapes and dtypes the plan was built for. Returns the outputs.
+  std::vector<Tensor> operator()(std::vector<Tensor> inputs) const {
+    const auto& s = *state_;
+    auto vars = s.graph.vars();
+    if (inputs.size() != vars.size())
+      fail<ValueError>(s.name, ": expects ", vars.size(), " inputs, got ", inputs.size());
+    for (std::size_t k = 0; k < vars.size(); ++k) {
+      const auto& n = s.graph.nodes[static_cast<std::size_t>(vars[k])];
+      Tensor& t = inputs[k];
+      t.require(n.name.c_str());
+      if (t.shape() != *n.meta.shape || t.dtype() != *n.meta.dtype)
+        fail<ShapeError>(s.name, ": input '", n.name, "' is ", hybra::to_string(t.shape()), ' ', hybra::name(t.dtype()),
+                         " but the plan was built for ", hybra::to_string(*n.meta.shape), ' ', hybra::name(*n.meta.dtype));
+      if (t.device() != s.device)
+        fail<DeviceError>(s.name, ": input '", n.name, "' lives on ", t.device(), " but the plan runs on ", s.device,
+                          "; copy it with to(device), or initialize the block on ", s.device);
+      if (!t.is_contiguous()) t = t.copy();
+    }
+    std::vector<Tensor> outputs;
+    for (int o : s.graph.outputs) {
+      const auto& m = s.graph.nodes[static_cast<std::size_t>(o)].meta;
+      outputs.emplace_back(*m.shape, *m.dtype, s.device);
+    }
+    std::vector<const Tensor*> writes;
+    for (const auto& t : outputs) writes.push_back(&t);
+    writes.push_back(&s.workspace);
+    push_op(s.name, inputs, writes, [state = state_, inputs, outputs] { state->execute(inputs, outputs); });
+    return outputs;
+  }
+
+ private:
+  enum class Kind { input, constant, fused, product, eager };
+  struct Step {
+    Kind kind;
+    int node;
+    std::unique_ptr<FusedLoop> loop;  // fused: the loop; product and eager: the epilogue, if any
+    std::vector<int> loop_inputs;     // the nodes the loop reads, in order (-1: this node's own result)
+  };
+  struct State {
+    graph::Graph graph;
+    bool training = false;
+    std::string name;
+    Device device;
+    std::vector<Step> steps;
+    std::vector<Tensor> buffer;  // per node: its planned workspace slice, if any
+    Tensor workspace;
+    std::size_t peak_bytes = 0, unplanned_bytes = 0;
+    mutable std::vector<Tensor> values;  // per node, during a call (calls are serialised by the workspace)
+
+    void execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const;
+  };
+
+  void build();
+
+  std::shared_ptr<State> state_;
+};
+
+namespace detail {
+
+// Whether a product node runs as the dense kernel: fully_connected on 2-d
+// contiguous float operands (anything else runs the eager op).
+inline bool dense_kernel(const graph::Node& n, std::span<const Tensor> in) {
+  if (n.op != "fully_connected" || in[0].ndim() != 2) return false;
+  for (std::size_t k = 0; k < graph::own_inputs(n); ++k)
+    if (!in[k].is_contiguous() || in[k].dtype() != in[0].dtype()) return false;
+  return is_floating(in[0].dtype());
+}
+
+}  // namespace detail
+
+inline void CpuPlan::build() {
+  auto& s = *state_;
+  const auto& g = s.graph;
+  const std::size_t count = g.nodes.size();
+  // Layouts: a meta tensor per node, with the strides its value will have.
+  std::vector<Tensor> layout(count);
+  std::vector<int> alias(count, -1);  // a view of which node's buffer
+  std::vector<bool> planned(count, false);
+  autograd::mode_scope mode(s.training);
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto& n = g.nodes[i];
+    if (!n.meta.shape || !n.meta.dtype)
+      fail<ShapeError>(s.name, ": node %", i, " (", n.op, ") has no known shape; bind every input first");
+    std::vector<Tensor> in;
+    for (int k : n.inputs) in.push_back(layout[static_cast<std::size_t>(k)]);
+    Kind kind;
+    if (n.op == "var") {
+      kind = Kind::input;
+    } else if (n.op == "const" || n.op == "scalar") {
+      kind = Kind::constant;
+    } else if (graph::fusable(g, n)) {
+      kind = Kind::fused;
+    } else if (n.body || detail::dense_kernel(n, in)) {
+      kind = detail::dense_kernel(n, in) ? Kind::product : Kind::eager;
+    } else {
+      kind = Kind::eager;
+    }
+    if (kind == Kind::eager && !n.body) {
+      std::vector<graph::Meta> metas;
+      for (int k : n.inputs) metas.push_back(g.nodes[static_cast<std::size_t>(k)].meta);
+      Tensor r = graph::eval_node(n, in, metas);
+      layout[i] = r;
+      for (std::size_t k = 0; k < in.size(); ++k)
+        if (r.storage() == in[k].storage()) alias[i] = n.inputs[k];
+    } else {
+      layout[i] = Tensor(*n.meta.shape, *n.meta.dtype, meta());
+      planned[i] = kind == Kind::fused || kind == Kind::product || (kind == Kind::eager && n.body);
+    }
+    Step step{kind, static_cast<int>(i), nullptr, {}};
+    if (kind == Kind::fused) {
+      // A lone elementwise node is a body of one op; scalars are folded in.
+      auto [body, outside] = n.body ? std::pair{*n.body, n.inputs} : graph::detail::extract(g, {static_cast<int>(i)}, static_cast<int>(i));
+      std::vector<Tensor> loop_in;
+      for (int k : outside) loop_in.push_back(layout[static_cast<std::size_t>(k)]);
+      step.loop = std::make_unique<FusedLoop>(body, loop_in, *n.meta.shape);
+      step.loop_inputs = std::move(outside);
+    } else if (n.body) {
+      std::vector<Tensor> loop_in{layout[i]};
+      step.loop_inputs = {-1};
+      for (std::size_t k = graph::own_inputs(n); k < n.inputs.size(); ++k) {
+        loop_in.push_back(in[k]);
+        step.loop_inputs.push_back(n.inputs[k]);
+      }
+      step.loop = std::make_unique<FusedLoop>(*n.body, loop_in, *n.meta.shape);
+    }
+    s.steps.push_back(std::move(step));
+  }
+
+  // Lifetimes: a planned value lives from its step to the last step that
+  // reads it or a view of it. Graph outputs get fresh tensors per call.
+  std::vector<std::size_t> last_use(count, 0);
+  auto owner = [&](int id) {
+    while (alias[static_cast<std::size_t>(id)] >= 0) id = alias[static_cast<std::size_t>(id)];
+    return static_cast<std::size_t>(id);
+  };
+  for (std::size_t i = 0; i < count; ++i)
+    for (int k : g.nodes[i].inputs) last_use[owner(k)] = std::max(last_use[owner(k)], i);
+  for (int o : g.outputs) {
+    planned[static_cast<std::size_t>(o)] = false;
+    last_use[owner(o)] = count;
+  }
+  struct Slice {
+    std::size_t offset, bytes;
+  };
+  std::vector<Slice> slice(count), free;
+  std::vector<std::size_t> live;
+  std::size_t end = 0;
+  constexpr std::size_t align = Storage::alignment;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!planned[i]) continue;
+    const std::size_t bytes = (static_cast<std::size_t>(layout[i].size()) * size_of(layout[i].dtype()) + align - 1) / align * align;
+    s.unplanned_bytes += bytes;
+    // An elementwise step reads each input at the index it writes, so an
+    // input read for the last time here may be overwritten; a product may not.
+    const bool in_place = s.steps[i].kind == Kind::fused;
+    auto release = [&](bool now) {
+      for (auto it = live.begin(); it != live.end();) {
+        if (now ? last_use[*it] <= i : last_use[*it] < i) {
+          free.push_back(slice[*it]);
+          it = live.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    };
+    release(in_place);
+    auto best = free.end();
+    for (auto it = free.begin(); it != free.end(); ++it)
+      if (it->bytes >= bytes && (best == free.end() || it->bytes < best->bytes)) best = it;
+    if (best != free.end()) {
+      slice[i] = *best;
+      free.erase(best);
+    } else {
+      slice[i] = {end, bytes};
+      end += bytes;
+    }
+    live.push_back(i);
+  }
+  s.peak_bytes = end;
+  s.workspace = Tensor(Shape{static_cast<std::int64_t>(std::max<std::size_t>(end, 1))}, DType::uint8, s.device);
+  s.buffer.resize(count);
+  for (std::size_t i = 0; i < count; ++i)
+    if (planned[i])
+      s.buffer[i] = Tensor::from_storage(s.workspace.storage(), layout[i].shape(), layout[i].dtype(), slice[i].offset);
+  s.values.resize(count);
+  for (std::size_t i = 0; i < count; ++i)
+    if (s.steps[i].kind == Kind::constant) s.values[i] = g.nodes[i].value.to(s.device).contiguous();
+}
+
+inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const {
+  autograd::mode_scope mode(training);
+  std::size_t next_input = 0;
+  auto output_of = [&](int id) -> const Tensor* {
+    for (std::size_t j = 0; j < graph.outputs.size(); ++j)
+      if (graph.outputs[j] == id) return &outputs[j];
+    return nullptr;
+  };
+  auto target = [&](std::size_t i) -> const Tensor& {
+    if (buffer[i].defined()) return buffer[i];
+    return *output_of(static_cast<int>(i));
+  };
+  auto run_loop = [&](const Step& step, const Tensor& own, const Tensor& dst) {
+    boost::container::small_vector<const void*, 8> ptrs;
+    for (int k : step.loop_inputs) ptrs.push_back((k < 0 ? own : values[static_cast<std::size_t>(k)]).raw_data());
+    step.loop->run(ptrs.data(), dst.raw_data());
+  };
+  for (const auto& step : steps) {
+    const auto i = static_cast<std::size_t>(step.node);
+    const auto& n = graph.nodes[i];
+    switch (step.kind) {
+      case Kind::input:
+        values[i] = inputs[next_input++];
+        break;
+      case Kind::constant:
+        break;
+      case Kind::fused:
+        run_loop(step, {}, target(i));
+        values[i] = target(i);
+        break;
+      case Kind::product: {
+        const Tensor& dst = target(i);
+        const Tensor& x = values[static_cast<std::size_t>(n.inputs[0])];
+        const Tensor& w = values[static_cast<std::size_t>(n.inputs[1])];
+        const Tensor* b = graph::own_inputs(n) == 3 ? &values[static_cast<std::size_t>(n.inputs[2])] : nullptr;
+        dispatch(dst.dtype(), [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          if constexpr (std::is_floating_point_v<T>)
+            hybra::detail::nn::dense(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()),
+                                     b ? static_cast<const T*>(b->raw_data()) : nullptr, static_cast<T*>(dst.raw_data()),
+                                     x.shape()[0], x.shape()[1], w.shape()[0]);
+        });
+        if (step.loop) run_loop(step, dst, dst);
+        values[i] = dst;
+        break;
+      }
+      case Kind::eager: {
+        std::vector<Tensor> in;
+        std::vector<graph::Meta> metas;
+        for (std::size_t k = 0; k < graph::own_inputs(n); ++k) {
+          in.push_back(values[static_cast<std::size_t>(n.inputs[k])]);
+          metas.push_back(graph.nodes[static_cast<std::size_t>(n.inputs[k])].meta);
+        }
+        graph::Node own = n;
+        own.body = nullptr;
+        own.inputs.resize(graph::own_inputs(n));
+        Tensor r = graph::eval_node(own, in, metas);
+        if (step.loop) {
+          const Tensor& dst = target(i);
+          Tensor rc = r.contiguous();
+          run_loop(step, rc, dst);
+          r = dst;
+        }
+        values[i] = r;
+        break;
+      }
+    }
+  }
+  for (std::size_t j = 0; j < outputs.size(); ++j) {
+    const Tensor& v = values[static_cast<std::size_t>(graph.outputs[j])];
+    if (v.storage() != outputs[j].storage()) hybra::detail::copy_into(v, outputs[j]);
+  }
+  // Drop this call's inputs and eager results; planned slices and constants stay.
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (steps[i].kind == Kind::input || steps[i].kind == Kind::eager) values[i] = Tensor{};
+}
+
+}  // namespace hybra::jit

@@ -1,0 +1,171 @@
+#pragma once
+// Containers and basic layers, as Gluon's nn.
+#include <string>
+#include <utility>
+
+#include "../ops/nn.hpp"
+#include "block.hpp"
+
+namespace hybra::nn {
+
+namespace detail {
+template <class B>
+void check_hybrid() {
+  static_assert(std::is_base_of_v<HybridBase, std::remove_cvref_t<typename B::element_type>>,
+                "hybra: a HybridSequential or HybridConcurrent holds HybridBlocks only (its graph is captured "
+                "whole); put a plain nn::Block in an nn::Sequential, where it runs eagerly");
+}
+template <class B>
+auto shared(B&& b) {
+  if constexpr (requires { typename std::remove_cvref_t<B>::element_type; }) {
+    return std::shared_ptr<typename std::remove_cvref_t<B>::element_type>(b);
+  } else {
+    static_assert(!std::is_lvalue_reference_v<B>,
+                  "hybra: blocks are not copied; add a block by value (std::move) or as a std::shared_ptr");
+    return std::make_shared<std::remove_cvref_t<B>>(static_cast<B&&>(b));
+  }
+}
+}  // namespace detail
+
+// Children run one after another, eagerly; hybridize() hybridizes the
+// HybridBlocks among them.
+class Sequential : public Block {
+ public:
+  Sequential() : Block("sequential") {}
+  template <class... B>
+  Sequential& add(B&&... blocks) {
+    (register_child(detail::shared(static_cast<B&&>(blocks))), ...);
+    return *this;
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = x;
+    for (const auto& c : children()) y = (*c)(y);
+    return y;
+  }
+};
+
+// Children run one after another; hybridized, the whole chain is one graph.
+class HybridSequential : public HybridBlock<HybridSequential> {
+ public:
+  HybridSequential() : HybridBlock("hybridsequential") {}
+  template <class... B>
+  HybridSequential& add(B&&... blocks) {
+    (add_one(detail::shared(static_cast<B&&>(blocks))), ...);
+    return *this;
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    F y = x;
+    for (const auto& c : children()) y = (*c)(y);
+    return y;
+  }
+
+ private:
+  template <class P>
+  void add_one(P child) {
+    detail::check_hybrid<P>();
+    register_child(std::move(child));
+  }
+};
+
+// Every child sees the same input; their outputs are concatenated along `axis`.
+class HybridConcurrent : public HybridBlock<HybridConcurrent> {
+ public:
+  explicit HybridConcurrent(std::int64_t axis = -1) : HybridBlock("hybridconcurrent"), axis_(axis) {}
+  template <class... B>
+  HybridConcurrent& add(B&&... blocks) {
+    (add_one(detail::shared(static_cast<B&&>(blocks))), ...);
+    return *this;
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    if (children().empty()) fail<ValueError>("block '", name(), "' has no children to run");
+    std::vector<F> outs;
+    for (const auto& c : children()) outs.push_back((*c)(x));
+    return concat(outs, axis_);
+  }
+
+ private:
+  template <class P>
+  void add_one(P child) {
+    detail::check_hybrid<P>();
+    register_child(std::move(child));
+  }
+  std::int64_t axis_;
+};
+
+// A fully connected layer: y = activation(x weight^T + bias), with x
+// flattened to (batch, in_units). in_units = 0 (the default) takes it from
+// the first input. weight is (units, in_units), bias (units,), zeros at first.
+class Dense : public HybridBlock<Dense> {
+ public:
+  explicit Dense(std::int64_t units, std::string activation = "", std::int64_t in_units = 0, bool use_bias = true,
+                 DType dtype = DType::float32, std::optional<Initializer> weight_initializer = std::nullopt)
+      : HybridBlock("dense"),
+        units_(units),
+        activation_(std::move(activation)),
+        weight_(register_parameter("weight", {units, in_units}, dtype, std::move(weight_initializer))) {
+    if (use_bias) bias_ = register_parameter("bias", {units}, dtype, init::Zero());
+    if (units <= 0) fail<ValueError>("Dense: units must be positive, not ", units);
+    if (in_units < 0) fail<ValueError>("Dense: in_units must be positive (or 0: inferred), not ", in_units);
+    if (!activation_.empty()) hybra::activation(zeros({1}, DType::float32, meta()), activation_);
+  }
+
+  template <class F>
+  F hybrid_forward(const F& x) {
+    if (x.ndim() == 0) fail<ShapeError>("block '", name(), "': input of shape () has no batch axis");
+    weight_.complete_shape({units_, x.shape()[0] == 0 ? 0 : x.size() / x.shape()[0]});
+    F y = bias_ ? fully_connected(x, weight_.as<F>(), bias_->as<F>()) : fully_connected(x, weight_.as<F>());
+    if (activation_.empty()) return y;
+    return activation(y, activation_);
+  }
+
+  Parameter weight() const { return weight_; }
+  std::optional<Parameter> bias() const { return bias_; }
+
+ private:
+  std::int64_t units_;
+  std::string activation_;
+  Parameter weight_;
+  std::optional<Parameter> bias_;
+};
+
+class Activation : public HybridBlock<Activation> {
+ public:
+  explicit Activation(std::string act_type) : HybridBlock(act_type), act_type_(std::move(act_type)) {
+    hybra::activation(zeros({1}, DType::float32, meta()), act_type_);
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return activation(x, act_type_);
+  }
+
+ private:
+  std::string act_type_;
+};
+
+class Flatten : public HybridBlock<Flatten> {
+ public:
+  Flatten() : HybridBlock("flatten") {}
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return flatten(x);
+  }
+};
+
+// Drops elements with probability `rate` in training mode (autograd::train_mode).
+class Dropout : public HybridBlock<Dropout> {
+ public:
+  explicit Dropout(double rate) : HybridBlock("dropout"), rate_(rate) {
+    if (!(rate >= 0 && rate < 1)) fail<ValueError>("Dropout: rate ", rate, " must be in [0, 1)");
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return dropout(x, rate_);
+  }
+
+ private:
+  double rate_;
+};
+
+}  // namespace hybra::nn

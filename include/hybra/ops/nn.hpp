@@ -1,0 +1,109 @@
+#pragma once
+// The ops of neural-network layers: fully_connected (MXNet's FullyConnected),
+// flatten, dropout and the named activations.
+#include <cstdint>
+#include <string_view>
+
+#include "../autograd/mode.hpp"
+#include "../backend/cpu/gemv.hpp"
+#include "../core/creation.hpp"
+#include "layout.hpp"
+#include "linalg.hpp"
+
+namespace hybra {
+
+// (batch, d1, d2, ...) -> (batch, d1 * d2 * ...); a 1-d x becomes (n, 1).
+template <tensor_like X>
+Tensor flatten(X&& x_in) {
+  Tensor x = eval(x_in);
+  x.require("flatten");
+  if (x.ndim() == 0) fail<ShapeError>("flatten: a 0-d tensor (shape ()) has no batch axis");
+  return reshape(x, {x.shape()[0], x.shape()[0] == 0 ? 0 : -1});
+}
+
+namespace detail::nn {
+
+// out (M x N) = x (M x K) w^T + b, all contiguous, w being (N x K) and b
+// (N) or null: the dense layer's kernel, shared by the eager op and captured
+// graphs so that both give the same bits. A single row is hybra's own GEMV
+// (backend/cpu/gemv.hpp says why); the bias is added right after the
+// product, while the rows are in cache.
+template <class T>
+void dense(const T* x, const T* w, const T* b, T* out, std::int64_t M, std::int64_t K, std::int64_t N) {
+  namespace blas = backend::cpu::blas;
+  if (M == 0 || N == 0) return;
+  if (K == 0) std::fill_n(out, M * N, T(0));
+  else if (M == 1) backend::cpu::gemv(w, K, x, out, N, K);
+  else blas::gemm(false, true, M, N, K, T(1), x, K, w, K, T(0), out, N);
+  if (!b) return;
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j) out[i * N + j] += b[j];
+}
+
+}  // namespace detail::nn
+
+// MXNet's FullyConnected: x is flattened to (batch, in_units), then
+// out = x weight^T + bias, with weight (units, in_units) and bias (units,).
+// Pass an empty Tensor as bias for no bias. One engine op.
+template <tensor_like X>
+Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) {
+  Tensor x = eval(x_in);
+  x.require("fully_connected");
+  weight.require("fully_connected");
+  if (x.ndim() == 0) fail<ShapeError>("fully_connected: input of shape () has no batch axis");
+  if (x.ndim() != 2) x = flatten(x);
+  if (weight.ndim() != 2 || weight.shape()[1] != x.shape()[1])
+    fail<ShapeError>("fully_connected: input of shape ", to_string(x.shape()), " (", x.shape()[1],
+                     " features) does not match weight of shape ", to_string(weight.shape()),
+                     " (expected (units, ", x.shape()[1], "))");
+  if (bias.defined() && (bias.ndim() != 1 || bias.shape()[0] != weight.shape()[0]))
+    fail<ShapeError>("fully_connected: bias of shape ", to_string(bias.shape()), " does not match weight of shape ",
+                     to_string(weight.shape()), " (expected (", weight.shape()[0], ",))");
+  require_same_device("fully_connected", x, weight);
+  if (bias.defined()) require_same_device("fully_connected", x, bias);
+  DType dtype = promote_types(x.dtype(), weight.dtype());
+  if (bias.defined()) dtype = promote_types(dtype, bias.dtype());
+  if (!is_floating(dtype))
+    fail<DTypeError>("fully_connected: dtype ", name(dtype), " is not supported (float32 or float64)");
+  x = detail::linalg::to_dtype(x, dtype).contiguous();
+  Tensor w = detail::linalg::to_dtype(weight, dtype).contiguous();
+  Tensor b = bias.defined() ? detail::linalg::to_dtype(bias, dtype).contiguous() : Tensor{};
+  Tensor out({x.shape()[0], w.shape()[0]}, dtype, x.device());
+  push_op("fully_connected", {x, w, b.defined() ? b : w}, {out}, [x, w, b, out] {
+    dispatch(out.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_floating_point_v<T>)
+        detail::nn::dense(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()),
+                          b.defined() ? static_cast<const T*>(b.raw_data()) : nullptr, static_cast<T*>(out.raw_data()),
+                          x.shape()[0], x.shape()[1], w.shape()[0]);
+    });
+  });
+  return out;
+}
+
+// MXNet's Activation: act_type relu, sigmoid, tanh or softrelu (log(1 + e^x)).
+// Works on tensors and symbols alike (it builds the op-table expression).
+template <array_like X>
+auto activation(X&& x, std::string_view act_type) {
+  using R = std::conditional_t<tensor_like<X>, Tensor, Symbol>;
+  if (act_type == "relu") return R(relu(x));
+  if (act_type == "sigmoid") return R(sigmoid(x));
+  if (act_type == "tanh") return R(tanh(x));
+  if (act_type == "softrelu") return R(log(exp(x) + 1));
+  fail<ValueError>("activation: unknown act_type '", act_type, "' (relu, sigmoid, tanh or softrelu)");
+}
+
+// Zeroes each element with probability `rate` and scales the rest by
+// 1 / (1 - rate) while training (autograd::train_mode); the identity when predicting.
+template <tensor_like X>
+Tensor dropout(X&& x_in, double rate) {
+  Tensor x = eval(x_in);
+  x.require("dropout");
+  if (!(rate >= 0 && rate < 1)) fail<ValueError>("dropout: rate ", rate, " must be in [0, 1)");
+  if (!autograd::is_training() || rate == 0) return x;
+  if (!is_floating(x.dtype())) fail<DTypeError>("dropout: dtype ", name(x.dtype()), " is not floating");
+  Tensor keep = random_uniform(x.shape(), 0, 1, x.dtype(), x.device());
+  return eval(where(keep >= rate, x / (1 - rate), 0));
+}
+
+}  // namespace hybra

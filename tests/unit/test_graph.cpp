@@ -1,0 +1,268 @@
+// Symbols, the graph IR, each pass on its own, and the CPU plan: every
+// elementwise op on symbols against the eager op (one line per op, generated
+// from the op table), every other op through the graph, and every optimised
+// form against the interpreter.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <hybra/hybra.hpp>
+
+using namespace hybra;
+
+namespace {
+
+// max |a - b| / max(|a|, |b|, 1e-30) over the elements (0 when all equal).
+double max_rel_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i]))) continue;
+    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max({std::abs(x[i]), std::abs(y[i]), 1e-30}));
+  }
+  return worst;
+}
+
+std::size_t count_op(const graph::Graph& g, std::string_view op) {
+  return static_cast<std::size_t>(std::count_if(g.nodes.begin(), g.nodes.end(), [&](const auto& n) { return n.op == op; }));
+}
+
+// Runs g's CPU plan, each var bound by name.
+std::vector<Tensor> planned(const graph::Graph& g, const std::unordered_map<std::string, Tensor>& inputs) {
+  jit::CpuPlan plan(g, cpu(), false, "test plan");
+  std::vector<Tensor> in;
+  for (int v : g.vars()) in.push_back(inputs.at(g.nodes[static_cast<std::size_t>(v)].name));
+  return plan(in);
+}
+
+}  // namespace
+
+TEST_CASE("every elementwise op of the table on symbols equals the eager op, interpreted and fused") {
+  Tensor a = random_uniform({3, 4}, 0.5, 2.0), b = random_uniform({4}, 0.5, 2.0), c = random_uniform({3, 1}, -1, 1);
+  auto A = sym::var("a", a.shape()), B = sym::var("b", b.shape()), C = sym::var("c", c.shape());
+  std::unordered_map<std::string, Tensor> in{{"a", a}, {"b", b}, {"c", c}};
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    auto check = [&]<class Op>(Op) {
+      CAPTURE(Op::name);
+      Tensor eager;
+      Symbol s;
+      if constexpr (Op::arity == 1) {
+        eager = eval(apply_op<Op>(a));
+        s = apply_op<Op>(A);
+      } else if constexpr (Op::arity == 2) {
+        eager = eval(apply_op<Op>(apply_op<Op>(a, b), 2));  // broadcasting and a weak scalar
+        s = apply_op<Op>(apply_op<Op>(A, B), 2);
+      } else {
+        eager = eval(apply_op<Op>(c, a, b));
+        s = apply_op<Op>(C, A, B);
+      }
+      CHECK(s.shape() == eager.shape());
+      CHECK(s.dtype() == eager.dtype());
+      auto g = graph::trace({s});
+      CHECK(max_rel_diff(graph::run(g, in)[0], eager) == 0);
+      CHECK(max_rel_diff(planned(graph::optimize(g), in)[0], eager) <= 1e-6);
+    };
+    (check(std::tuple_element_t<I, op::elementwise_ops>{}), ...);
+  }(std::make_index_sequence<std::tuple_size_v<op::elementwise_ops>>{});
+}
+
+TEST_CASE("scalars in symbol expressions follow the weak-scalar rule, as in eager expressions") {
+  Tensor u8 = array<std::uint8_t>({1, 200, 255}), i32 = array<std::int32_t>({-3, 4, 7});
+  auto U = sym::var("u", u8.shape(), DType::uint8), I = sym::var("i", i32.shape(), DType::int32);
+  std::unordered_map<std::string, Tensor> in{{"u", u8}, {"i", i32}};
+  auto same = [&](const Symbol& s, const Tensor& eager) {
+    CHECK(s.dtype() == eager.dtype());
+    Tensor got = graph::run(graph::trace({s}), in)[0];
+    CHECK(got.dtype() == eager.dtype());
+    CHECK(got.to_vector<double>() == eager.to_vector<double>());
+  };
+  same(U + 300, eval(u8 + 300));  // the scalar converts to uint8, as eagerly
+  same(U * 2.5, eval(u8 * 2.5));  // a float scalar makes an integer tensor float32
+  same(I / 2, eval(i32 / 2));     // true division
+  same(where(I > 0, I, 0), eval(where(i32 > 0, i32, 0)));
+  same(U + I, eval(u8 + i32));
+}
+
+TEST_CASE("the other ops of the table on symbols: shapes are inferred as they are made, values equal eager") {
+  Tensor x = random_normal({2, 3, 4}), m = random_normal({4, 5});
+  auto X = sym::var("x", x.shape()), M = sym::var("m", m.shape());
+  std::unordered_map<std::string, Tensor> in{{"x", x}, {"m", m}};
+  auto same = [&](const Symbol& s, const Tensor& eager) {
+    CHECK(s.shape() == eager.shape());
+    CHECK(s.dtype() == eager.dtype());
+    auto g = graph::trace({s});
+    CHECK(max_rel_diff(graph::run(g, in)[0], eager) == 0);
+    CHECK(max_rel_diff(planned(graph::optimize(g), in)[0], eager) <= 1e-6);
+  };
+  same(matmul(X, M), matmul(x, m));
+  same(dot(X, M), dot(x, m));
+  same(sum(X, 1), sum(x, 1));
+  same(mean(X, {0, 2}, true), mean(x, {0, 2}, true));
+  same(max(X), max(x));
+  same(min(X, -1), min(x, -1));
+  same(argmax(X, 2), argmax(x, 2));
+  same(softmax(X), softmax(x));
+  same(log_softmax(X, 1), log_softmax(x, 1));
+  same(reshape(X, {6, -1}), reshape(x, {6, -1}));
+  same(transpose(X), transpose(x));
+  same(transpose(X, {1, 0, 2}) * 2, eval(transpose(x, {1, 0, 2}) * 2));
+  same(slice(X, 2, 1, std::nullopt, 2) + 1, eval(slice(x, 2, 1, std::nullopt, 2) + 1));
+  same(concat(std::vector<Symbol>{X, X * 2}, 1), concat({x, eval(x * 2)}, 1));
+  same(flatten(X), flatten(x));
+  same(X.astype(DType::float64), x.astype(DType::float64));
+  same(fully_connected(reshape(X, {6, 4}), transpose(M)), fully_connected(reshape(x, {6, 4}), eval(transpose(m))));
+  same(matmul(X, m), matmul(x, m));  // a tensor operand becomes a constant
+}
+
+TEST_CASE("a mistake in a symbol graph is reported where it is made, naming the op and shapes") {
+  auto x = sym::var("x", Shape{2, 3});
+  CHECK_THROWS_WITH_AS(matmul(x, x), "matmul: shapes (2, 3) and (2, 3) are not aligned (3 != 2)", ShapeError);
+  CHECK_THROWS_WITH_AS(Symbol(x + sym::var("y", Shape{4})), "add: shapes (2, 3) and (4,) cannot be broadcast together",
+                       ShapeError);
+  CHECK_THROWS_AS(sum(x, 5), AxisError);
+  CHECK_THROWS_WITH_AS(sym::var("data").shape(), doctest::Contains("symbol 'data': its shape is unknown"), ShapeError);
+  CHECK_THROWS_WITH_AS(graph::trace({sym::var("a") + sym::var("a")}), doctest::Contains("two different vars are named 'a'"),
+                       ValueError);
+  CHECK_THROWS_WITH_AS(graph::find_op("conv9d"), "graph: unknown op 'conv9d'", ValueError);
+}
+
+TEST_CASE("a graph built without shapes is bound later; printing shows every node") {
+  auto x = sym::var("x"), w = sym::var("w");
+  Symbol y = relu(matmul(x, w) + 1);
+  CHECK_FALSE(y.has_shape());
+  auto g = graph::trace({y});
+  graph::bind(g, {{"x", {Shape{2, 3}, DType::float32, false}}, {"w", {Shape{3, 5}, DType::float32, false}}});
+  CHECK(g.nodes[static_cast<std::size_t>(g.outputs[0])].meta.shape == Shape{2, 5});
+  CHECK(graph::to_string(g) ==
+        "%0 = var x : (2, 3) float32\n"
+        "%1 = var w : (3, 5) float32\n"
+        "%2 = matmul(%0, %1) : (2, 5) float32\n"
+        "%3 = scalar 1 : () int32 weak\n"
+        "%4 = add(%2, %3) : (2, 5) float32\n"
+        "%5 = relu(%4) : (2, 5) float32\n"
+        "return %5\n");
+  std::ostringstream os;
+  os << y << ' ' << sym::var("data", Shape{1, 512});
+  CHECK(os.str() == "<Symbol relu> <Symbol data (1, 512)>");
+  CHECK_THROWS_WITH_AS(graph::run(g, {{"x", ones({3, 3})}, {"w", ones({3, 5})}}),
+                       "graph: input 'x' is (3, 3) float32 but the graph was built for (2, 3) float32", ShapeError);
+}
+
+template <class T>
+T fancy_func(T a, T b, T c, T d) {
+  T e = a + b;
+  T f = c + d;
+  return e + f;
+}
+
+TEST_CASE("constant folding: the chapter's fancy_func(1, 2, 3, 4) becomes the constant 10") {
+  auto g = graph::trace({fancy_func(sym::constant(1), sym::constant(2), sym::constant(3), sym::constant(4))});
+  CHECK(g.nodes.size() == 7);
+  auto folded = graph::fold_constants(g);
+  REQUIRE(folded.nodes.size() == 1);
+  CHECK(folded.nodes[0].op == "const");
+  CHECK(folded.nodes[0].value.item<int>() == 10);
+  // Only constant parts fold: x + (2 * 3) keeps x.
+  auto x = sym::var("x", Shape{2});
+  auto partial = graph::fold_constants(graph::trace({x + sym::constant(2.0f) * 3}));
+  CHECK(count_op(partial, "multiply") == 0);
+  CHECK(count_op(partial, "add") == 1);
+  CHECK(graph::run(partial, {{"x", ones({2})}})[0].to_vector<float>() == std::vector<float>{7, 7});
+}
+
+TEST_CASE("common sub-expression elimination merges equal nodes, and only those") {
+  auto x = sym::var("x", Shape{3}), y = sym::var("y", Shape{3});
+  Symbol s = exp(x * 2) + exp(x * 2) + exp(y * 2) + exp(x * 3);
+  auto g = graph::trace({s});
+  CHECK(count_op(g, "exp") == 4);
+  auto merged = graph::eliminate_common_subexpressions(g);
+  CHECK(count_op(merged, "exp") == 3);
+  std::unordered_map<std::string, Tensor> in{{"x", random_normal({3})}, {"y", random_normal({3})}};
+  CHECK(max_rel_diff(graph::run(g, in)[0], graph::run(merged, in)[0]) == 0);
+}
+
+TEST_CASE("dead code elimination drops what no output needs") {
+  auto x = sym::var("x", Shape{3});
+  Symbol unused = exp(x) * 5;
+  graph::Graph g = graph::trace({unused, x + 1});
+  g.outputs = {g.outputs[1]};
+  auto live = graph::eliminate_dead_code(g);
+  CHECK(count_op(live, "exp") == 0);
+  CHECK(count_op(live, "add") == 1);
+  CHECK(count_op(live, "var") == 1);
+}
+
+TEST_CASE("elementwise fusion: a chain becomes one fused node; shared values and broadcasts stay outside") {
+  auto x = sym::var("x", Shape{4, 8}), b = sym::var("b", Shape{8});
+  Symbol h = exp(x * 0.5);  // used twice: computed once, outside both groups
+  Symbol y = relu((h + b) * 2) - tanh(h);
+  auto g = graph::fuse_elementwise(graph::trace({y}));
+  CHECK(count_op(g, "fused") == 2);
+  std::ostringstream os;
+  os << g;
+  CHECK(os.str().find("fused(%0) [exp(($0 * 0.5))]") != std::string::npos);
+  std::unordered_map<std::string, Tensor> in{{"x", random_normal({4, 8})}, {"b", random_normal({8})}};
+  Tensor want = graph::run(graph::trace({y}), in)[0];
+  CHECK(max_rel_diff(graph::run(g, in)[0], want) == 0);
+  CHECK(max_rel_diff(planned(g, in)[0], want) <= 1e-6);
+  // Integer nodes are not fused (the fused loop is for floats): they stay, and still compute.
+  auto i = sym::var("i", Shape{3}, DType::int32);
+  CHECK(count_op(graph::fuse_elementwise(graph::trace({(i + 1) * 2})), "fused") == 0);
+}
+
+TEST_CASE("matmul epilogue: bias-add and activation are fused into the product") {
+  auto x = sym::var("x", Shape{5, 6}), w = sym::var("w", Shape{6, 3}), b = sym::var("b", Shape{3});
+  Symbol y = sigmoid(matmul(x, w) + b);
+  auto g = graph::fuse_epilogues(graph::fuse_elementwise(graph::trace({y})));
+  REQUIRE(g.nodes.size() == 4);
+  CHECK(g.nodes[3].op == "matmul");
+  REQUIRE(g.nodes[3].body);
+  CHECK(graph::to_string(g).find("matmul(%0, %1, %2) epilogue[sigmoid(($0 + $1))]") != std::string::npos);
+  std::unordered_map<std::string, Tensor> in{{"x", random_normal({5, 6})}, {"w", random_normal({6, 3})}, {"b", random_normal({3})}};
+  Tensor want = graph::run(graph::trace({y}), in)[0];
+  CHECK(max_rel_diff(graph::run(g, in)[0], want) <= 1e-6);
+  CHECK(max_rel_diff(planned(g, in)[0], want) <= 1e-6);
+  // A product whose result is also needed elsewhere (here: an output) keeps it: no epilogue.
+  Symbol p = matmul(x, w);
+  auto two = graph::optimize(graph::trace({relu(p), p}));
+  for (const auto& n : two.nodes) CHECK_FALSE(n.body);
+}
+
+TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's peak shows it") {
+  auto x = sym::var("x", Shape{16, 64});
+  Symbol h = x;
+  for (int layer = 0; layer < 6; ++layer) {
+    Tensor w = random_normal({64, 64}, 0, 0.1);
+    h = relu(fully_connected(h, sym::constant(w)));
+  }
+  auto g = graph::optimize(graph::trace({h}));
+  jit::CpuPlan plan(g, cpu(), false, "deep chain");
+  const std::size_t one = 16 * 64 * sizeof(float);
+  CHECK(plan.unplanned_bytes() == 5 * one);  // five intermediate values, the sixth is the output
+  CHECK(plan.peak_bytes() == 2 * one);       // two alternating buffers suffice
+  Tensor in = random_normal({16, 64});
+  CHECK(max_rel_diff(plan({in})[0], graph::run(graph::trace({h}), {{"x", in}})[0]) <= 1e-6);
+  // A fused step writes in place of an input it reads for the last time.
+  auto y = sym::var("y", Shape{1024});
+  Symbol a = exp(y), d = log(softmax(a)) * a;
+  jit::CpuPlan chain(graph::optimize(graph::trace({sum(d)})), cpu(), false, "chain");
+  CHECK(chain.unplanned_bytes() == 2 * 1024 * sizeof(float));
+  CHECK(chain.peak_bytes() == 1024 * sizeof(float));
+  Tensor yv = random_normal({1024});
+  CHECK(max_rel_diff(chain({yv})[0], graph::run(graph::trace({sum(d)}), {{"y", yv}})[0]) <= 1e-6);
+}
+
+TEST_CASE("a plan checks its inputs and is one engine op whose result is a future") {
+  auto x = sym::var("x", Shape{2, 2});
+  jit::CpuPlan plan(graph::optimize(graph::trace({x * 2})), cpu(), false, "double");
+  CHECK_THROWS_WITH_AS(plan({ones({3, 2})}),
+                       "double: input 'x' is (3, 2) float32 but the plan was built for (2, 2) float32",
+                       ShapeError);
+  CHECK_THROWS_AS(plan({}), ValueError);
+  Tensor t = transpose(array<float>({{1, 2}, {3, 4}}));  // a non-contiguous input is copied first
+  CHECK(plan({t})[0].to_vector<float>() == std::vector<float>{2, 6, 4, 8});
+  // Consecutive calls reuse the plan's workspace and still give each call its own output.
+  Tensor r1 = plan({ones({2, 2})})[0], r2 = plan({full({2, 2}, 3.0)})[0];
+  CHECK(r1.to_vector<float>() == std::vector<float>(4, 2));
+  CHECK(r2.to_vector<float>() == std::vector<float>(4, 6));
+}

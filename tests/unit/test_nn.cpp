@@ -1,0 +1,230 @@
+// Blocks, layers, parameters and initialisers, and hybridize(): captured once
+// per input signature, then the plan runs without the user's forward, with
+// the same numbers as eager execution.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <hybra/hybra.hpp>
+
+using namespace hybra;
+namespace nn = hybra::nn;
+
+namespace {
+
+double max_rel_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (x[i] != y[i]) worst = std::max(worst, std::abs(x[i] - y[i]) / std::max({std::abs(x[i]), std::abs(y[i]), 1e-30}));
+  return worst;
+}
+
+nn::HybridSequential chapter_mlp() {
+  nn::HybridSequential net;
+  net.add(nn::Dense(256, "relu"), nn::Dense(128, "relu"), nn::Dense(2));
+  net.initialize();
+  return net;
+}
+
+// The chapter's HybridNet: counts its forward calls and records F.
+class HybridNet : public nn::HybridBlock<HybridNet> {
+ public:
+  HybridNet() : HybridBlock("hybridnet") {
+    hidden = register_child(nn::Dense(4));
+    output = register_child(nn::Dense(2));
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    ++calls;
+    saw_symbol = std::is_same_v<F, Symbol>;
+    return (*output)(relu((*hidden)(x)));
+  }
+  int calls = 0;
+  bool saw_symbol = false;
+
+ private:
+  std::shared_ptr<nn::Dense> hidden, output;
+};
+
+class Doubler : public nn::Block {
+ public:
+  Doubler() : Block("doubler") {}
+  Tensor forward(const Tensor& x) override { return x * 2; }
+};
+
+}  // namespace
+
+TEST_CASE("the chapter's MLP gives the same numbers eagerly and hybridized") {
+  auto net = chapter_mlp();
+  for (std::int64_t batch : {1, 3, 64}) {
+    CAPTURE(batch);
+    Tensor x = random_normal({batch, 512});
+    net.hybridize(false);
+    Tensor eager = net(x);
+    net.hybridize();
+    Tensor hybrid = net(x);
+    CHECK(hybrid.shape() == Shape{batch, 2});
+    CHECK(max_rel_diff(eager, hybrid) <= 1e-6);
+  }
+  // The captured graph: three products, each bias-add + relu in its epilogue.
+  std::string g = graph::to_string(net.plan().graph());
+  CHECK(g.find("fully_connected(%0, %1, %2) epilogue[relu($0)] : (64, 256) float32") != std::string::npos);
+  CHECK(g.find("fully_connected(%6, %7, %8) : (64, 2) float32") != std::string::npos);
+  CHECK(net.captured() == 3);
+}
+
+TEST_CASE("hybridize captures once per input signature and never calls the forward again") {
+  HybridNet net;
+  net.initialize();
+  Tensor x = random_normal({2, 3});
+  Tensor eager1 = net(x);
+  Tensor eager2 = net(x);
+  CHECK(net.calls == 2);
+  CHECK_FALSE(net.saw_symbol);
+  net.hybridize();
+  Tensor h1 = net(x), h2 = net(x), h3 = net(x);
+  CHECK(net.calls == 3);  // one capture
+  CHECK(net.saw_symbol);
+  CHECK(max_rel_diff(eager1, h3) <= 1e-6);
+  net(random_normal({2, 3}));
+  CHECK(net.calls == 3);  // same signature, new values
+  net(random_normal({5, 3}));
+  CHECK(net.calls == 4);  // a new shape captures again
+  net(random_normal({5, 3}, 0, 1, DType::float64));
+  CHECK(net.calls == 5);  // and a new dtype
+  {
+    autograd::train_mode train;
+    net(x);
+  }
+  CHECK(net.calls == 6);  // and the training mode
+  net(x);
+  CHECK(net.calls == 6);
+  CHECK(net.captured() == 4);
+}
+
+TEST_CASE("parameters are named as in Gluon and initialised when their shape is known") {
+  auto net = chapter_mlp();
+  const std::string p = net.prefix();  // hybridsequential<n>_, n counting the nets made so far
+  CHECK(p.starts_with("hybridsequential"));
+  CHECK(net.collect_params().keys() == std::vector<std::string>{p + "dense0_weight", p + "dense0_bias", p + "dense1_weight",
+                                                                p + "dense1_bias", p + "dense2_weight", p + "dense2_bias"});
+  const auto w0 = net.collect_params()[p + "dense0_weight"];
+  CHECK(w0.shape() == Shape{256, 0});
+  CHECK_THROWS_WITH_AS(w0.data(), doctest::Contains("is completed by the first forward call"), ValueError);
+  net(random_normal({1, 512}));
+  CHECK(w0.shape() == Shape{256, 512});
+  CHECK(w0.data().shape() == Shape{256, 512});
+  auto b0 = net.collect_params()[p + "dense0_bias"].data().to_vector<float>();
+  CHECK(std::all_of(b0.begin(), b0.end(), [](float v) { return v == 0; }));
+  nn::Dense known(3, "", 4);
+  known.initialize();
+  CHECK(known.weight().data().shape() == Shape{3, 4});
+  CHECK_THROWS_WITH_AS(known(ones({2, 5})), doctest::Contains("does not match its declared shape (3, 4)"), ShapeError);
+}
+
+TEST_CASE("a new parameter value is used by the next hybridized call") {
+  nn::Dense dense(2, "", 2);
+  dense.initialize(nn::init::One());
+  dense.hybridize();
+  Tensor x = array<float>({{1, 2}});
+  CHECK(dense(x).to_vector<float>() == std::vector<float>{3, 3});
+  dense.weight().set_data(array<float>({{1, 0}, {0, 1}}));
+  CHECK(dense(x).to_vector<float>() == std::vector<float>{1, 2});
+}
+
+TEST_CASE("initialisers: ranges, statistics and seeding") {
+  auto values = [](const nn::Initializer& init, Shape shape, std::uint64_t seed) {
+    Generator g(seed);
+    return init(shape, DType::float32, cpu(), g).to_vector<double>();
+  };
+  auto u = values(nn::init::Uniform(0.07), {100, 100}, 1);
+  CHECK(*std::max_element(u.begin(), u.end()) < 0.07);
+  CHECK(*std::min_element(u.begin(), u.end()) >= -0.07);
+  auto n = values(nn::init::Normal(0.5), {200, 200}, 2);
+  double mean = 0, var = 0;
+  for (double v : n) mean += v / static_cast<double>(n.size());
+  for (double v : n) var += (v - mean) * (v - mean) / static_cast<double>(n.size());
+  CHECK(std::abs(mean) < 0.01);
+  CHECK(std::abs(std::sqrt(var) - 0.5) < 0.01);
+  auto x = values(nn::init::Xavier(), {64, 192}, 3);
+  const double bound = std::sqrt(3.0 / 128);
+  CHECK(*std::max_element(x.begin(), x.end()) < bound);
+  CHECK(*std::max_element(x.begin(), x.end()) > 0.9 * bound);
+  CHECK(values(nn::init::Zero(), {3}, 0) == std::vector<double>(3, 0));
+  CHECK(values(nn::init::Constant(2.5), {2}, 0) == std::vector<double>(2, 2.5));
+  CHECK(values(nn::init::Normal(), {10}, 7) == values(nn::init::Normal(), {10}, 7));
+  CHECK_THROWS_AS(nn::init::Xavier("cauchy"), ValueError);
+  CHECK_THROWS_AS(values(nn::init::Xavier(), {5}, 0), ShapeError);
+  // A seeded model is reproducible.
+  auto weights = [] {
+    seed(42);
+    nn::Dense d(3, "", 4);
+    d.initialize(nn::init::Xavier());
+    return d.weight().data().to_vector<float>();
+  };
+  CHECK(weights() == weights());
+}
+
+TEST_CASE("containers: Sequential runs Blocks eagerly, HybridConcurrent concatenates, and a Block refuses capture") {
+  nn::Sequential seq;
+  auto dense = std::make_shared<nn::Dense>(3, "tanh", 4);
+  seq.add(Doubler(), dense);
+  seq.initialize(nn::init::One());
+  seq.hybridize();  // the Dense is hybridized; the Doubler stays eager
+  Tensor x = ones({2, 4});
+  CHECK(max_rel_diff(seq(x), full({2, 3}, std::tanh(8.0))) <= 1e-6);
+  CHECK(dense->hybridized());
+  CHECK(dense->captured() == 1);
+
+  nn::HybridConcurrent both(1);
+  both.add(nn::Dense(2, "relu", 3), nn::Dense(5, "", 3), nn::Flatten());
+  both.initialize();
+  Tensor in = random_normal({4, 3});
+  Tensor eager = both(in);
+  CHECK(eager.shape() == Shape{4, 10});
+  both.hybridize();
+  CHECK(max_rel_diff(both(in), eager) <= 1e-6);
+
+  Doubler plain;
+  CHECK_THROWS_WITH_AS(plain(sym::var("data", Shape{2})),
+                       doctest::Contains("block 'doubler1' is a Block, not a HybridBlock: its forward is eager-only C++"),
+                       ValueError);
+}
+
+TEST_CASE("Activation, Flatten and Dropout layers, eager and hybridized") {
+  nn::HybridSequential net;
+  net.add(nn::Flatten(), nn::Activation("softrelu"), nn::Dropout(0.5), nn::Activation("sigmoid"));
+  Tensor x = random_normal({4, 2, 3});
+  Tensor eager = net(x);
+  CHECK(eager.shape() == Shape{4, 6});
+  CHECK(max_rel_diff(eager, eval(sigmoid(log(exp(reshape(x, {4, 6})) + 1)))) <= 1e-6);
+  net.hybridize();
+  CHECK(max_rel_diff(net(x), eager) <= 1e-6);  // predicting: dropout is the identity
+
+  nn::Dropout drop(0.5);
+  Tensor ones_in = ones({1000});
+  autograd::train_mode train;
+  auto dropped = drop(ones_in).to_vector<float>();
+  const auto zeros_count = std::count(dropped.begin(), dropped.end(), 0.0f);
+  CHECK(zeros_count > 400);
+  CHECK(zeros_count < 600);
+  CHECK(std::all_of(dropped.begin(), dropped.end(), [](float v) { return v == 0 || v == 2; }));
+  drop.hybridize();
+  auto a = drop(ones_in).to_vector<float>(), b = drop(ones_in).to_vector<float>();
+  CHECK(a != b);  // a captured dropout draws a new mask every call
+  CHECK(std::count(a.begin(), a.end(), 0.0f) > 400);
+  CHECK_THROWS_AS(nn::Dropout(1.5), ValueError);
+  CHECK_THROWS_AS(nn::Activation("swish"), ValueError);
+}
+
+TEST_CASE("bad input to a hybridized block: a clear error, from the call") {
+  auto net = chapter_mlp();
+  net.hybridize();
+  net(random_normal({1, 512}));
+  CHECK_THROWS_WITH_AS(net(random_normal({1, 300})), doctest::Contains("does not match its declared shape (256, 512)"),
+                       ShapeError);
+  CHECK_THROWS_WITH_AS(net(random_normal({1, 512}, 0, 1, DType::float32, cpu(1))),
+                       doctest::Contains("_weight' lives on cpu(0) but the plan runs on cpu(1)"), DeviceError);
+  CHECK_THROWS_AS(net(Tensor{}), ValueError);
+}
