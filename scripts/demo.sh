@@ -3,7 +3,7 @@
 # and runs it. Extra arguments are passed to the demo.
 set -euo pipefail
 
-DEMO=compile_time_fusion   # the main demo: an example under examples/<name>/
+DEMO=hybrid_mlp   # the main demo: an example under examples/<name>/
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR=${HYBRA_BUILD_DIR:-build}

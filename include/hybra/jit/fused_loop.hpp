@@ -115,9 +115,12 @@ class FusedLoop {
     const auto& plan = *plan_;
     const auto& fns = detail::block_fns<T>();
     backend::cpu::parallel_for(plan.items, std::min(plan.piece, plan.inner), [&](std::int64_t first, std::int64_t last) {
+      // Per thread, kept between calls: a call of a small plan allocates nothing.
+      thread_local std::vector<T> scratch;
+      thread_local std::vector<const T*> r;
       const auto regs = static_cast<std::size_t>(registers_);
-      std::vector<T> scratch(regs * detail::block);
-      std::vector<const T*> r(regs);
+      if (scratch.size() < regs * detail::block) scratch.resize(regs * detail::block);
+      if (r.size() < regs) r.resize(regs);
       auto buf = [&](int k) { return scratch.data() + static_cast<std::size_t>(k) * detail::block; };
       for (auto [k, v] : constants_) {
         std::fill_n(buf(k), detail::block, static_cast<T>(v));

@@ -44,39 +44,41 @@ class Sequential : public Block {
   }
 };
 
-// Children run one after another; hybridized, the whole chain is one graph.
-class HybridSequential : public HybridBlock<HybridSequential> {
+// The add() of the hybrid containers: children by value or shared_ptr, HybridBlocks only.
+template <class Derived>
+class HybridContainer : public HybridBlock<Derived> {
  public:
-  HybridSequential() : HybridBlock("hybridsequential") {}
+  using HybridBlock<Derived>::HybridBlock;
   template <class... B>
-  HybridSequential& add(B&&... blocks) {
+  Derived& add(B&&... blocks) {
     (add_one(detail::shared(static_cast<B&&>(blocks))), ...);
-    return *this;
-  }
-  template <class F>
-  F hybrid_forward(const F& x) {
-    F y = x;
-    for (const auto& c : children()) y = (*c)(y);
-    return y;
+    return static_cast<Derived&>(*this);
   }
 
  private:
   template <class P>
   void add_one(P child) {
     detail::check_hybrid<P>();
-    register_child(std::move(child));
+    this->register_child(std::move(child));
+  }
+};
+
+// Children run one after another; hybridized, the whole chain is one graph.
+class HybridSequential : public HybridContainer<HybridSequential> {
+ public:
+  HybridSequential() : HybridContainer("hybridsequential") {}
+  template <class F>
+  F hybrid_forward(const F& x) {
+    F y = x;
+    for (const auto& c : children()) y = (*c)(y);
+    return y;
   }
 };
 
 // Every child sees the same input; their outputs are concatenated along `axis`.
-class HybridConcurrent : public HybridBlock<HybridConcurrent> {
+class HybridConcurrent : public HybridContainer<HybridConcurrent> {
  public:
-  explicit HybridConcurrent(std::int64_t axis = -1) : HybridBlock("hybridconcurrent"), axis_(axis) {}
-  template <class... B>
-  HybridConcurrent& add(B&&... blocks) {
-    (add_one(detail::shared(static_cast<B&&>(blocks))), ...);
-    return *this;
-  }
+  explicit HybridConcurrent(std::int64_t axis = -1) : HybridContainer("hybridconcurrent"), axis_(axis) {}
   template <class F>
   F hybrid_forward(const F& x) {
     if (children().empty()) fail<ValueError>("block '", name(), "' has no children to run");
@@ -86,11 +88,6 @@ class HybridConcurrent : public HybridBlock<HybridConcurrent> {
   }
 
  private:
-  template <class P>
-  void add_one(P child) {
-    detail::check_hybrid<P>();
-    register_child(std::move(child));
-  }
   std::int64_t axis_;
 };
 
