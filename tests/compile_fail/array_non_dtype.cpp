@@ -1,5 +1,5 @@
 // expect: hybra::array: element type must be float, double, std::int32_t, std::int64_t or std::uint8_t
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 #include <vector>
 
 int main() {

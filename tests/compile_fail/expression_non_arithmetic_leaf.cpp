@@ -1,6 +1,6 @@
 // expect: hybra: an expression leaf must be a Tensor or an arithmetic scalar
 // Yap's operators accept any right-hand side; evaluating the tree rejects a leaf that is no number.
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 #include <string>
 
 int main() {

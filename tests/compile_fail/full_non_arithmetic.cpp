@@ -1,5 +1,5 @@
 // expect: hybra::full: the fill value must be an arithmetic scalar
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 #include <string>
 
 int main() {

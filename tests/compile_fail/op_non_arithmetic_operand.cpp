@@ -1,6 +1,6 @@
 // expect: hybra: an operand of an elementwise op must be a Tensor, a Symbol, a hybra expression or an arithmetic scalar
 // A named op (expr/expression.hpp apply_op) rejects an operand that is neither a tensor nor a number.
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 #include <string>
 
 int main() {

@@ -1,6 +1,6 @@
 // expect: hybra: an elementwise op needs at least one Tensor, Symbol or expression operand
 // hybra::pow on two plain numbers is not a tensor op.
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 
 int main() {
   auto e = hybra::pow(2, 3);

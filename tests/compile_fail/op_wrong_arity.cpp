@@ -1,6 +1,6 @@
 // expect: hybra: wrong number of operands for this op
 // exp is unary; applying its op-table entry to two operands is rejected.
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 
 int main() {
   hybra::Tensor a = hybra::ones({4}), b = hybra::ones({4});

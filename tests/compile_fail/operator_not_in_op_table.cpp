@@ -1,7 +1,7 @@
 // expect: hybra: this C\+\+ operator is not an op of hybra's op table
 // `a % b` on Tensors does not even find an operator% (a plain "no match" error), so this builds the
 // Yap node by hand, as a user transform could: evaluating it must name the op-table rule.
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 
 int main() {
   namespace yap = boost::yap;

@@ -1,6 +1,6 @@
 // expect: hybra::Tensor::data<T>: T must be float, double, std::int32_t, std::int64_t or std::uint8_t
 // Tensor::data<T>() only accepts the five dtypes' C++ types.
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 
 int main() {
   hybra::Tensor a = hybra::zeros({4});

@@ -1,5 +1,5 @@
 // expect: hybra::Tensor::to_vector<T>: T must be an arithmetic type
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 #include <string>
 
 int main() {

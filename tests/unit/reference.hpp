@@ -1,6 +1,6 @@
 #pragma once
 // Helpers the op tests share to build inputs and walk reference loops.
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 #include <vector>
 
 namespace hybra::test {

@@ -6,7 +6,7 @@
 
 #include <atomic>
 #include <chrono>
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 #include <random>
 #include <sstream>
 #include <thread>

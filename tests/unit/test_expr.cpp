@@ -4,7 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 #include <limits>
 
 using namespace hybra;

@@ -59,7 +59,9 @@ TEST_CASE("every elementwise op of the table on symbols equals the eager op, int
       CHECK(s.shape() == eager.shape());
       CHECK(s.dtype() == eager.dtype());
       auto g = graph::trace({s});
-      CHECK(max_rel_diff(graph::run(g, in)[0], eager) == 0);
+      // A graph runs an elementwise node as a run-time fused loop, not the
+      // expression's compiled kernel: exp, log and tanh may differ in the last bit.
+      CHECK(max_rel_diff(graph::run(g, in)[0], eager) <= 1e-6);
       CHECK(max_rel_diff(planned(graph::optimize(g), in)[0], eager) <= 1e-6);
     };
     (check(std::tuple_element_t<I, op::elementwise_ops>{}), ...);

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 
 #include "reference.hpp"
 #include <optional>

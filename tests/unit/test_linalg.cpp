@@ -3,7 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 
 #include "reference.hpp"
 #include <vector>

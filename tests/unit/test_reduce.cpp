@@ -5,7 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 
 #include "reference.hpp"
 #include <limits>

@@ -4,7 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 #include <limits>
 #include <vector>
 

@@ -3,7 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 #include <sstream>
 
 using namespace hybra;

@@ -77,7 +77,12 @@ struct strided_plan {
     const auto& shape = out.shape();
     const std::size_t nl = leaves.size();
     boost::container::small_vector<Strides, 9> full;
+    // GCC 12 at -O3 warns that moving a small_vector may read past its inline
+    // buffer (-Wstringop-overread): a false positive on a path it cannot rule out.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-overread"
     for (auto* t : leaves) full.push_back(broadcast_strides(*t, shape));
+#pragma GCC diagnostic pop
     full.push_back(out.strides());
     for (std::size_t d = 0; d < shape.size(); ++d) {
       if (shape[d] == 1) continue;

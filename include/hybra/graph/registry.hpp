@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "../backend/cpu/fused_loop.hpp"
 #include "../ops/linalg.hpp"
 #include "../ops/nn.hpp"
 #include "../ops/reduce.hpp"
@@ -36,9 +37,61 @@ struct OpDef {
 namespace detail {
 
 template <class Op>
+constexpr int elementwise_index() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    int found = -1;
+    ((std::is_same_v<Op, std::tuple_element_t<I, op::elementwise_ops>> ? found = static_cast<int>(I) : 0), ...);
+    return found;
+  }(std::make_index_sequence<std::tuple_size_v<op::elementwise_ops>>{});
+}
+
+// An elementwise op on tensors, as one fused loop of one instruction
+// (backend/cpu/fused_loop.hpp): operands are converted to the dtype the op
+// computes in first, as an unfused eager expression converts them.
+inline Tensor run_elementwise(int index, std::string_view name, std::span<const Tensor> in) {
+  const op::DTypeRule rule = [&] {
+    op::DTypeRule r{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((static_cast<int>(I) == index ? (r = std::tuple_element_t<I, op::elementwise_ops>::rule, 0) : 0), ...);
+    }(std::make_index_sequence<std::tuple_size_v<op::elementwise_ops>>{});
+    return r;
+  }();
+  const std::size_t first = rule == op::DTypeRule::select ? 1 : 0;
+  Shape shape;
+  for (const auto& t : in) {
+    t.require(name.data());
+    require_same_device(name, in.front(), t);
+    shape = broadcast_shapes(shape, t.shape(), name);
+  }
+  DType common = in[first].dtype();
+  for (std::size_t k = first; k < in.size(); ++k) common = promote_types(common, in[k].dtype());
+  const DType compute = rule == op::DTypeRule::promote_float && !is_floating(common) ? DType::float32 : common;
+  std::vector<Tensor> operands;
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    Tensor t = in[k];
+    if (k < first && t.dtype() != compute)  // a condition becomes 1/0 before it is converted
+      t = run_elementwise(elementwise_index<op::not_equal>(), "not_equal", std::vector<Tensor>{t, zeros({}, t.dtype(), t.device())});
+    operands.push_back(t.dtype() == compute ? t : t.astype(compute));
+  }
+  backend::cpu::FusedProgram program;
+  program.dtype = compute;
+  program.inputs = static_cast<int>(operands.size());
+  program.registers = program.inputs + 1;
+  program.result = program.inputs;
+  program.code.push_back({index, program.inputs, {0, operands.size() > 1 ? 1 : 0, operands.size() > 2 ? 2 : 0}});
+  Tensor out(shape, compute, in.front().device());
+  auto loop = std::make_shared<const backend::cpu::FusedLoop>(std::move(program), operands, shape);
+  push_op(name, operands, {out}, [loop, operands, out] {
+    boost::container::small_vector<const void*, 3> ptrs;
+    for (const auto& t : operands) ptrs.push_back(t.raw_data());
+    loop->run(ptrs.data(), out.raw_data());
+  });
+  return out;
+}
+
+template <std::size_t I>
 Tensor eval_elementwise(std::span<const Tensor> in, const Attrs&) {
-  return [&]<std::size_t... I>(std::index_sequence<I...>) { return eval(apply_op<Op>(in[I]...)); }(
-      std::make_index_sequence<Op::arity>{});
+  return run_elementwise(static_cast<int>(I), std::tuple_element_t<I, op::elementwise_ops>::name, in);
 }
 
 inline std::optional<std::vector<std::int64_t>> axes_attr(const Attrs& a, std::string_view op) {
@@ -63,7 +116,7 @@ inline std::vector<OpDef> op_defs() {
                           std::tuple_element_t<I, op::elementwise_ops>::arity, static_cast<int>(I),
                           std::tuple_element_t<I, op::elementwise_ops>::rule,
                           std::tuple_element_t<I, op::elementwise_ops>::symbol,
-                          &eval_elementwise<std::tuple_element_t<I, op::elementwise_ops>>}),
+                          &eval_elementwise<I>}),
      ...);
   }(std::make_index_sequence<std::tuple_size_v<op::elementwise_ops>>{});
   using T = std::span<const Tensor>;

@@ -19,7 +19,7 @@
 #include "../autograd/mode.hpp"
 #include "../engine/push.hpp"
 #include "../graph/passes.hpp"
-#include "fused_loop.hpp"
+#include "../backend/cpu/fused_loop.hpp"
 
 namespace hybra::jit {
 
@@ -75,7 +75,7 @@ class CpuPlan {
   struct Step {
     Kind kind;
     int node;
-    std::unique_ptr<FusedLoop> loop;  // fused: the loop; product and eager: the epilogue, if any
+    std::unique_ptr<backend::cpu::FusedLoop> loop;  // fused: the loop; product and eager: the epilogue, if any
     std::vector<int> loop_inputs;     // the nodes the loop reads, in order (-1: this node's own result)
   };
   struct State {
@@ -106,6 +106,38 @@ inline bool dense_kernel(const graph::Node& n, std::span<const Tensor> in) {
   for (std::size_t k = 0; k < graph::own_inputs(n); ++k)
     if (!in[k].is_contiguous() || in[k].dtype() != in[0].dtype()) return false;
   return is_floating(in[0].dtype());
+}
+
+// An elementwise body (every node fusable, one output) as a fused-loop
+// program: vars are the inputs, scalars become constants of the body's dtype.
+inline backend::cpu::FusedProgram compile(const graph::Graph& body) {
+  backend::cpu::FusedProgram p;
+  p.dtype = *body.nodes[static_cast<std::size_t>(body.outputs.front())].meta.dtype;
+  std::vector<int> reg(body.nodes.size(), -1);
+  const auto vars = body.vars();
+  p.inputs = static_cast<int>(vars.size());
+  int next = p.inputs, var = 0;
+  for (std::size_t i = 0; i < body.nodes.size(); ++i) {
+    const auto& n = body.nodes[i];
+    if (n.op == "var") {
+      reg[i] = var++;
+    } else if (n.op == "scalar" || n.op == "const") {
+      reg[i] = next++;
+      dispatch(p.dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const T v = n.value.to_vector<T>().front();
+        p.constants.push_back({reg[i], static_cast<double>(v), std::is_integral_v<T> ? static_cast<std::int64_t>(v) : 0});
+      });
+    } else {
+      backend::cpu::FusedProgram::Instr ins{graph::find_op(n.op).elementwise, next++, {0, 0, 0}};
+      for (std::size_t k = 0; k < n.inputs.size(); ++k) ins.src[k] = reg[static_cast<std::size_t>(n.inputs[k])];
+      reg[i] = ins.dst;
+      p.code.push_back(ins);
+    }
+  }
+  p.registers = next;
+  p.result = reg[static_cast<std::size_t>(body.outputs.front())];
+  return p;
 }
 
 }  // namespace detail
@@ -154,7 +186,7 @@ inline void CpuPlan::build() {
       auto [body, outside] = n.body ? std::pair{*n.body, n.inputs} : graph::detail::extract(g, {static_cast<int>(i)}, static_cast<int>(i));
       std::vector<Tensor> loop_in;
       for (int k : outside) loop_in.push_back(layout[static_cast<std::size_t>(k)]);
-      step.loop = std::make_unique<FusedLoop>(body, loop_in, *n.meta.shape);
+      step.loop = std::make_unique<backend::cpu::FusedLoop>(detail::compile(body), loop_in, *n.meta.shape);
       step.loop_inputs = std::move(outside);
     } else if (n.body) {
       std::vector<Tensor> loop_in{layout[i]};
@@ -163,7 +195,7 @@ inline void CpuPlan::build() {
         loop_in.push_back(in[k]);
         step.loop_inputs.push_back(n.inputs[k]);
       }
-      step.loop = std::make_unique<FusedLoop>(*n.body, loop_in, *n.meta.shape);
+      step.loop = std::make_unique<backend::cpu::FusedLoop>(detail::compile(*n.body), loop_in, *n.meta.shape);
     }
     s.steps.push_back(std::move(step));
   }
@@ -226,7 +258,7 @@ inline void CpuPlan::build() {
       s.buffer[i] = Tensor::from_storage(s.workspace.storage(), layout[i].shape(), layout[i].dtype(), slice[i].offset);
   s.values.resize(count);
   for (std::size_t i = 0; i < count; ++i)
-    if (s.steps[i].kind == Kind::constant) s.values[i] = g.nodes[i].value.to(s.device).contiguous();
+    if (s.steps[i].kind == Kind::constant) s.values[i] = g.nodes[i].value.to(s.device).copy();  // the plan's own
 }
 
 inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const {

@@ -1,0 +1,21 @@
+#pragma once
+// hybra's eager half: tensors, fused expressions, the ops and the engine,
+// without symbols, graphs and blocks. hybra.hpp includes it; code that never
+// builds a graph may include just this, and compiles faster.
+#include "autograd/mode.hpp"
+#include "core/creation.hpp"
+#include "core/device.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/format.hpp"
+#include "core/random.hpp"
+#include "core/shape.hpp"
+#include "core/tensor.hpp"
+#include "expr/evaluate.hpp"
+#include "expr/expression.hpp"
+#include "expr/print.hpp"
+#include "ops/layout.hpp"
+#include "ops/linalg.hpp"
+#include "ops/nn.hpp"
+#include "ops/reduce.hpp"
+#include "ops/softmax.hpp"
