@@ -63,10 +63,12 @@ class CpuPlan {
       const auto& m = s.graph.nodes[static_cast<std::size_t>(o)].meta;
       outputs.emplace_back(*m.shape, *m.dtype, s.device);
     }
-    std::vector<const Tensor*> writes;
-    for (const auto& t : outputs) writes.push_back(&t);
+    // The op owns the inputs (moved in: no reference counts change) and a copy of the outputs' handles.
+    Call call{state_, std::move(inputs), outputs};
+    boost::container::small_vector<const Tensor*, 4> writes;
+    for (const auto& t : call.outputs) writes.push_back(&t);
     writes.push_back(&s.workspace);
-    push_op(s.name, inputs, writes, [state = state_, inputs, outputs] { state->execute(inputs, outputs); });
+    push_op(s.name, call.inputs, writes, std::move(call));
     return outputs;
   }
 
@@ -87,9 +89,21 @@ class CpuPlan {
     std::vector<Tensor> buffer;  // per node: its planned workspace slice, if any
     Tensor workspace;
     std::size_t peak_bytes = 0, unplanned_bytes = 0;
-    mutable std::vector<Tensor> values;  // per node, during a call (calls are serialised by the workspace)
+    std::vector<Tensor> constants;  // per node: the plan's copy of a constant's value
+    // Per node, during a call (calls are serialised by the workspace): where
+    // its value is, and the values eager steps made. Pointers, so that a call
+    // touches no reference count it does not need to (each is a cache line
+    // shared with the calling thread).
+    mutable std::vector<const Tensor*> values;
+    mutable std::vector<Tensor> made;
 
     void execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const;
+  };
+
+  struct Call {
+    std::shared_ptr<const State> state;
+    std::vector<Tensor> inputs, outputs;
+    void operator()() const { state->execute(inputs, outputs); }
   };
 
   void build();
@@ -257,8 +271,13 @@ inline void CpuPlan::build() {
     if (planned[i])
       s.buffer[i] = Tensor::from_storage(s.workspace.storage(), layout[i].shape(), layout[i].dtype(), slice[i].offset);
   s.values.resize(count);
-  for (std::size_t i = 0; i < count; ++i)
-    if (s.steps[i].kind == Kind::constant) s.values[i] = g.nodes[i].value.to(s.device).copy();  // the plan's own
+  s.made.resize(count);
+  s.constants.resize(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (s.steps[i].kind != Kind::constant) continue;
+    s.constants[i] = g.nodes[i].value.to(s.device).copy();  // the plan's own: later writes to the original do not reach it
+    s.values[i] = &s.constants[i];
+  }
 }
 
 inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const {
@@ -275,7 +294,7 @@ inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const std
   };
   auto run_loop = [&](const Step& step, const Tensor& own, const Tensor& dst) {
     boost::container::small_vector<const void*, 8> ptrs;
-    for (int k : step.loop_inputs) ptrs.push_back((k < 0 ? own : values[static_cast<std::size_t>(k)]).raw_data());
+    for (int k : step.loop_inputs) ptrs.push_back((k < 0 ? own : *values[static_cast<std::size_t>(k)]).raw_data());
     step.loop->run(ptrs.data(), dst.raw_data());
   };
   for (const auto& step : steps) {
@@ -283,19 +302,19 @@ inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const std
     const auto& n = graph.nodes[i];
     switch (step.kind) {
       case Kind::input:
-        values[i] = inputs[next_input++];
+        values[i] = &inputs[next_input++];
         break;
       case Kind::constant:
         break;
       case Kind::fused:
         run_loop(step, {}, target(i));
-        values[i] = target(i);
+        values[i] = &target(i);
         break;
       case Kind::product: {
         const Tensor& dst = target(i);
-        const Tensor& x = values[static_cast<std::size_t>(n.inputs[0])];
-        const Tensor& w = values[static_cast<std::size_t>(n.inputs[1])];
-        const Tensor* b = graph::own_inputs(n) == 3 ? &values[static_cast<std::size_t>(n.inputs[2])] : nullptr;
+        const Tensor& x = *values[static_cast<std::size_t>(n.inputs[0])];
+        const Tensor& w = *values[static_cast<std::size_t>(n.inputs[1])];
+        const Tensor* b = graph::own_inputs(n) == 3 ? values[static_cast<std::size_t>(n.inputs[2])] : nullptr;
         dispatch(dst.dtype(), [&](auto tag) {
           using T = typename decltype(tag)::type;
           if constexpr (std::is_floating_point_v<T>)
@@ -304,14 +323,14 @@ inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const std
                                      x.shape()[0], x.shape()[1], w.shape()[0]);
         });
         if (step.loop) run_loop(step, dst, dst);
-        values[i] = dst;
+        values[i] = &dst;
         break;
       }
       case Kind::eager: {
         std::vector<Tensor> in;
         std::vector<graph::Meta> metas;
         for (std::size_t k = 0; k < graph::own_inputs(n); ++k) {
-          in.push_back(values[static_cast<std::size_t>(n.inputs[k])]);
+          in.push_back(*values[static_cast<std::size_t>(n.inputs[k])]);
           metas.push_back(graph.nodes[static_cast<std::size_t>(n.inputs[k])].meta);
         }
         graph::Node own = n;
@@ -324,18 +343,19 @@ inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const std
           run_loop(step, rc, dst);
           r = dst;
         }
-        values[i] = r;
+        made[i] = r;
+        values[i] = &made[i];
         break;
       }
     }
   }
   for (std::size_t j = 0; j < outputs.size(); ++j) {
-    const Tensor& v = values[static_cast<std::size_t>(graph.outputs[j])];
+    const Tensor& v = *values[static_cast<std::size_t>(graph.outputs[j])];
     if (v.storage() != outputs[j].storage()) hybra::detail::copy_into(v, outputs[j]);
   }
-  // Drop this call's inputs and eager results; planned slices and constants stay.
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (steps[i].kind == Kind::input || steps[i].kind == Kind::eager) values[i] = Tensor{};
+  // Drop this call's eager results; planned slices and constants stay.
+  for (std::size_t i = 0; i < made.size(); ++i)
+    if (steps[i].kind == Kind::eager) made[i] = Tensor{};
 }
 
 }  // namespace hybra::jit
