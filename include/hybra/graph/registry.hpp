@@ -48,14 +48,7 @@ constexpr int elementwise_index() {
 // An elementwise op on tensors, as one fused loop of one instruction
 // (backend/cpu/fused_loop.hpp): operands are converted to the dtype the op
 // computes in first, as an unfused eager expression converts them.
-inline Tensor run_elementwise(int index, std::string_view name, std::span<const Tensor> in) {
-  const op::DTypeRule rule = [&] {
-    op::DTypeRule r{};
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((static_cast<int>(I) == index ? (r = std::tuple_element_t<I, op::elementwise_ops>::rule, 0) : 0), ...);
-    }(std::make_index_sequence<std::tuple_size_v<op::elementwise_ops>>{});
-    return r;
-  }();
+inline Tensor run_elementwise(int index, op::DTypeRule rule, std::string_view name, std::span<const Tensor> in) {
   const std::size_t first = rule == op::DTypeRule::select ? 1 : 0;
   Shape shape;
   for (const auto& t : in) {
@@ -70,7 +63,7 @@ inline Tensor run_elementwise(int index, std::string_view name, std::span<const 
   for (std::size_t k = 0; k < in.size(); ++k) {
     Tensor t = in[k];
     if (k < first && t.dtype() != compute)  // a condition becomes 1/0 before it is converted
-      t = run_elementwise(elementwise_index<op::not_equal>(), "not_equal", std::vector<Tensor>{t, zeros({}, t.dtype(), t.device())});
+      t = run_elementwise(elementwise_index<op::not_equal>(), op::not_equal::rule, "not_equal", std::vector<Tensor>{t, zeros({}, t.dtype(), t.device())});
     operands.push_back(t.dtype() == compute ? t : t.astype(compute));
   }
   backend::cpu::FusedProgram program;
@@ -91,7 +84,8 @@ inline Tensor run_elementwise(int index, std::string_view name, std::span<const 
 
 template <std::size_t I>
 Tensor eval_elementwise(std::span<const Tensor> in, const Attrs&) {
-  return run_elementwise(static_cast<int>(I), std::tuple_element_t<I, op::elementwise_ops>::name, in);
+  using Op = std::tuple_element_t<I, op::elementwise_ops>;
+  return run_elementwise(static_cast<int>(I), Op::rule, Op::name, in);
 }
 
 inline std::optional<std::vector<std::int64_t>> axes_attr(const Attrs& a, std::string_view op) {

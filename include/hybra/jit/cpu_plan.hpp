@@ -178,10 +178,8 @@ inline void CpuPlan::build() {
       kind = Kind::constant;
     } else if (graph::fusable(g, n)) {
       kind = Kind::fused;
-    } else if (n.body || detail::dense_kernel(n, in)) {
-      kind = detail::dense_kernel(n, in) ? Kind::product : Kind::eager;
     } else {
-      kind = Kind::eager;
+      kind = detail::dense_kernel(n, in) ? Kind::product : Kind::eager;
     }
     if (kind == Kind::eager && !n.body) {
       std::vector<graph::Meta> metas;
