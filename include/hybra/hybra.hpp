@@ -8,6 +8,7 @@
 #include "graph/symbol.hpp"
 #include "jit/cpu_plan.hpp"
 #include "nn/block.hpp"
+#include "nn/conv_layers.hpp"
 #include "nn/init.hpp"
 #include "nn/layers.hpp"
 #include "nn/parameter.hpp"

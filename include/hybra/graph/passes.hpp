@@ -210,10 +210,10 @@ inline Graph fuse_elementwise(const Graph& g) {
   return eliminate_dead_code(out);
 }
 
-// A matrix product (fully_connected, matmul) whose result is used only by an
+// A product (fully_connected, matmul, conv2d) whose result is used only by an
 // elementwise node or fused group of the same shape takes that group as its
-// epilogue: bias-add and activation are applied to the product's rows as
-// they are computed, with no separate pass over memory.
+// epilogue: bias-add and activation are applied to the product's result in
+// place, right after it is computed, with no separate step or buffer.
 inline Graph fuse_epilogues(const Graph& g) {
   const auto users = detail::consumers(g);
   Graph out = g;
@@ -222,8 +222,9 @@ inline Graph fuse_epilogues(const Graph& g) {
     if (!fusable(g, n)) continue;
     for (int in : n.inputs) {
       const Node& p = g.nodes[static_cast<std::size_t>(in)];
-      if ((p.op != "fully_connected" && p.op != "matmul") || p.body || users[static_cast<std::size_t>(in)].size() != 1 ||
-          detail::is_output(g, in) || p.meta.shape != n.meta.shape || p.meta.dtype != n.meta.dtype)
+      const bool is_product = p.op == "fully_connected" || p.op == "matmul" || p.op == "conv2d";
+      if (!is_product || p.body || users[static_cast<std::size_t>(in)].size() != 1 || detail::is_output(g, in) ||
+          p.meta.shape != n.meta.shape || p.meta.dtype != n.meta.dtype)
         continue;
       auto [body, outside] = detail::extract(g, {static_cast<int>(i)}, static_cast<int>(i), in);
       Node product = p;

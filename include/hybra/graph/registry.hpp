@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../backend/cpu/fused_loop.hpp"
+#include "../ops/conv.hpp"
 #include "../ops/linalg.hpp"
 #include "../ops/nn.hpp"
 #include "../ops/reduce.hpp"
@@ -148,6 +149,43 @@ inline std::vector<OpDef> op_defs() {
     return fully_connected(in[0], in[1], in.size() == 3 ? in[2] : Tensor{});
   });
   def("dropout", 1, [](T in, A a) { return dropout(in[0], parse_double(find_attr(a, "rate", "dropout"), "dropout")); });
+  // A (height, width) attribute: "(2, 3)", or one number for both.
+  static constexpr auto size2d = [](A a, std::string_view key, std::string_view op) {
+    auto v = parse_tuple(find_attr(a, key, op), op);
+    if (v.size() == 1) return Size2d(v[0]);
+    if (v.size() != 2)
+      fail<ValueError>(op, ": attribute ", key, " '", find_attr(a, key, op), "' is not a (height, width) pair");
+    return Size2d(v[0], v[1]);
+  };
+  // kernel, num_filter and no_bias restate the weight's and bias's shapes (MXNet's Convolution needs them).
+  def("conv2d", -1, [](T in, A a) {
+    const bool no_bias = parse_bool(find_attr(a, "no_bias", "conv2d"), "conv2d");
+    if (in.size() != (no_bias ? 2u : 3u))
+      fail<ValueError>("conv2d: takes ", no_bias ? "(data, weight) with no_bias" : "(data, weight, bias)", ", not ",
+                       in.size(), " inputs");
+    const Size2d kernel = size2d(a, "kernel", "conv2d");
+    const std::int64_t filters = int_attr(a, "num_filter", "conv2d");
+    const Shape& w = in[1].shape();
+    if (w.size() != 4 || w[0] != filters || w[2] != kernel.h || w[3] != kernel.w)
+      fail<ShapeError>("conv2d: weight of shape ", hybra::to_string(w), " does not match num_filter=", filters,
+                       " kernel=", kernel);
+    return conv2d(in[0], in[1], no_bias ? Tensor{} : in[2], size2d(a, "stride", "conv2d"), size2d(a, "pad", "conv2d"),
+                  size2d(a, "dilate", "conv2d"), int_attr(a, "num_group", "conv2d"));
+  });
+  def("pool2d", 1, [](T in, A a) {
+    const std::string& type = find_attr(a, "pool_type", "pool2d");
+    if (type != "max" && type != "avg") fail<ValueError>("pool2d: pool_type '", type, "' is not max or avg");
+    if (parse_bool(find_attr(a, "global_pool", "pool2d"), "pool2d"))
+      return type == "max" ? global_max_pool2d(in[0]) : global_avg_pool2d(in[0]);
+    const Size2d kernel = size2d(a, "kernel", "pool2d"), stride = size2d(a, "stride", "pool2d");
+    const Size2d pad = size2d(a, "pad", "pool2d");
+    if (type == "max") return max_pool2d(in[0], kernel, stride, pad);
+    return avg_pool2d(in[0], kernel, stride, pad, parse_bool(find_attr(a, "count_include_pad", "pool2d"), "pool2d"));
+  });
+  def("batch_norm", 5, [](T in, A a) {
+    return batch_norm(in[0], in[1], in[2], in[3], in[4], parse_double(find_attr(a, "eps", "batch_norm"), "batch_norm"),
+                      int_attr(a, "axis", "batch_norm"));
+  });
   return defs;
 }
 

@@ -299,4 +299,65 @@ Symbol dropout(X&& x, double rate) {
   return graph::make_symbol("dropout", {{"rate", graph::attr_text(rate)}}, {to_symbol(x)});
 }
 
+namespace graph::detail {
+inline std::string attr_text(Size2d s) { return graph::attr_text(std::vector<std::int64_t>{s.h, s.w}); }
+
+inline Symbol pool2d(std::string type, bool global, const Symbol& x, Size2d kernel, Size2d stride, Size2d padding,
+                     bool count_include_pad) {
+  return make_symbol("pool2d",
+                     {{"kernel", attr_text(kernel)},
+                      {"stride", attr_text(stride)},
+                      {"pad", attr_text(padding)},
+                      {"pool_type", std::move(type)},
+                      {"global_pool", graph::attr_text(global)},
+                      {"count_include_pad", graph::attr_text(count_include_pad)}},
+                     {x});
+}
+}  // namespace graph::detail
+
+// The node's kernel and num_filter attributes come from the weight's shape,
+// which must be known (a parameter's always is once its block has seen the input).
+template <symbol_like X>
+Symbol conv2d(X&& x, const Symbol& weight, const Symbol& bias = {}, Size2d stride = 1, Size2d padding = 0,
+              Size2d dilation = 1, std::int64_t groups = 1) {
+  const Shape& w = weight.require("conv2d").shape();
+  if (w.size() != 4)
+    fail<ShapeError>("conv2d: weight of shape ", to_string(w),
+                     " is not 4-d (filters, channels / groups, kernel height, kernel width)");
+  namespace gd = graph::detail;
+  std::vector<Symbol> in{to_symbol(x), weight};
+  if (bias.defined()) in.push_back(bias);
+  return graph::make_symbol("conv2d",
+                            {{"kernel", gd::attr_text(Size2d(w[2], w[3]))},
+                             {"stride", gd::attr_text(stride)},
+                             {"pad", gd::attr_text(padding)},
+                             {"dilate", gd::attr_text(dilation)},
+                             {"num_group", graph::attr_text(groups)},
+                             {"num_filter", graph::attr_text(w[0])},
+                             {"no_bias", graph::attr_text(!bias.defined())}},
+                            std::move(in));
+}
+template <symbol_like X>
+Symbol max_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0) {
+  return graph::detail::pool2d("max", false, to_symbol(x), kernel, stride, padding, true);
+}
+template <symbol_like X>
+Symbol avg_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0, bool count_include_pad = true) {
+  return graph::detail::pool2d("avg", false, to_symbol(x), kernel, stride, padding, count_include_pad);
+}
+template <symbol_like X>
+Symbol global_avg_pool2d(X&& x) {
+  return graph::detail::pool2d("avg", true, to_symbol(x), 1, 1, 0, true);
+}
+template <symbol_like X>
+Symbol global_max_pool2d(X&& x) {
+  return graph::detail::pool2d("max", true, to_symbol(x), 1, 1, 0, true);
+}
+template <symbol_like X>
+Symbol batch_norm(X&& x, const Symbol& gamma, const Symbol& beta, const Symbol& running_mean,
+                  const Symbol& running_var, double eps = 1e-5, std::int64_t axis = 1) {
+  return graph::make_symbol("batch_norm", {{"eps", graph::attr_text(eps)}, {"axis", graph::attr_text(axis)}},
+                            {to_symbol(x), gamma, beta, running_mean, running_var});
+}
+
 }  // namespace hybra

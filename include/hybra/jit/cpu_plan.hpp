@@ -12,6 +12,7 @@
 // size, unplanned_bytes() what the same values would take with a buffer each.
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -79,6 +80,7 @@ class CpuPlan {
     int node;
     std::unique_ptr<backend::cpu::FusedLoop> loop;  // fused: the loop; product and eager: the epilogue, if any
     std::vector<int> loop_inputs;     // the nodes the loop reads, in order (-1: this node's own result)
+    std::optional<hybra::detail::nn::Conv2dGeometry> conv;  // a conv2d product: its sizes
   };
   struct State {
     graph::Graph graph;
@@ -113,13 +115,26 @@ class CpuPlan {
 
 namespace detail {
 
-// Whether a product node runs as the dense kernel: fully_connected on 2-d
-// contiguous float operands (anything else runs the eager op).
-inline bool dense_kernel(const graph::Node& n, std::span<const Tensor> in) {
-  if (n.op != "fully_connected" || in[0].ndim() != 2) return false;
+// Whether a product node runs its kernel directly into its planned buffer:
+// fully_connected on 2-d operands (the dense kernel) or conv2d, with
+// contiguous float operands of one dtype (anything else runs the eager op).
+inline bool product_kernel(const graph::Node& n, std::span<const Tensor> in) {
+  if (!(n.op == "fully_connected" && in[0].ndim() == 2) && n.op != "conv2d") return false;
   for (std::size_t k = 0; k < graph::own_inputs(n); ++k)
     if (!in[k].is_contiguous() || in[k].dtype() != in[0].dtype()) return false;
   return is_floating(in[0].dtype());
+}
+
+// A conv2d node's sizes, from its operands and attributes (which inference
+// has already checked with the eager op).
+inline hybra::detail::nn::Conv2dGeometry conv2d_geometry(const graph::Node& n, std::span<const Tensor> in) {
+  auto size2d = [&](std::string_view key) {
+    auto v = graph::parse_tuple(graph::find_attr(n.attrs, key, n.op), n.op);
+    return v.size() == 1 ? Size2d(v[0]) : Size2d(v.at(0), v.at(1));
+  };
+  const std::int64_t groups = graph::parse_int(graph::find_attr(n.attrs, "num_group", n.op), n.op);
+  return hybra::detail::nn::conv2d_geometry(in[0].shape(), in[1].shape(), size2d("stride"), size2d("pad"),
+                                            size2d("dilate"), groups);
 }
 
 // An elementwise body (every node fusable, one output) as a fused-loop
@@ -179,7 +194,7 @@ inline void CpuPlan::build() {
     } else if (graph::fusable(g, n)) {
       kind = Kind::fused;
     } else {
-      kind = detail::dense_kernel(n, in) ? Kind::product : Kind::eager;
+      kind = detail::product_kernel(n, in) ? Kind::product : Kind::eager;
     }
     if (kind == Kind::eager && !n.body) {
       std::vector<graph::Meta> metas;
@@ -192,7 +207,8 @@ inline void CpuPlan::build() {
       layout[i] = Tensor(*n.meta.shape, *n.meta.dtype, meta());
       planned[i] = kind == Kind::fused || kind == Kind::product || (kind == Kind::eager && n.body);
     }
-    Step step{kind, static_cast<int>(i), nullptr, {}};
+    Step step{kind, static_cast<int>(i), nullptr, {}, std::nullopt};
+    if (kind == Kind::product && n.op == "conv2d") step.conv = detail::conv2d_geometry(n, in);
     if (kind == Kind::fused) {
       // A lone elementwise node is a body of one op; scalars are folded in.
       auto [body, outside] = n.body ? std::pair{*n.body, n.inputs} : graph::detail::extract(g, {static_cast<int>(i)}, static_cast<int>(i));
@@ -315,10 +331,15 @@ inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const std
         const Tensor* b = graph::own_inputs(n) == 3 ? values[static_cast<std::size_t>(n.inputs[2])] : nullptr;
         dispatch(dst.dtype(), [&](auto tag) {
           using T = typename decltype(tag)::type;
-          if constexpr (std::is_floating_point_v<T>)
-            hybra::detail::nn::dense(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()),
-                                     b ? static_cast<const T*>(b->raw_data()) : nullptr, static_cast<T*>(dst.raw_data()),
-                                     x.shape()[0], x.shape()[1], w.shape()[0]);
+          if constexpr (std::is_floating_point_v<T>) {
+            const T* bias = b ? static_cast<const T*>(b->raw_data()) : nullptr;
+            if (step.conv)
+              hybra::detail::nn::conv2d(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()), bias,
+                                        static_cast<T*>(dst.raw_data()), *step.conv);
+            else
+              hybra::detail::nn::dense(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()), bias,
+                                       static_cast<T*>(dst.raw_data()), x.shape()[0], x.shape()[1], w.shape()[0]);
+          }
         });
         if (step.loop) run_loop(step, dst, dst);
         values[i] = &dst;

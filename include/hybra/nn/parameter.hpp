@@ -34,6 +34,18 @@ class Parameter {
   }
   bool initialized() const { return s_->data.defined(); }
 
+  // Whether training is to update this parameter, as Gluon's grad_req:
+  // "write" (the default), "add" (gradients accumulate) or "null": an
+  // auxiliary state that the forward computes (BatchNorm's running
+  // statistics) or a frozen parameter. Nothing trains yet; this is what
+  // autograd and model files will read.
+  const std::string& grad_req() const { return s_->grad_req; }
+  void set_grad_req(std::string req) {
+    if (req != "write" && req != "add" && req != "null")
+      fail<ValueError>("Parameter '", s_->name, "': grad_req '", req, "' is not write, add or null");
+    s_->grad_req = std::move(req);
+  }
+
   Tensor data() const {
     if (!s_->data.defined()) {
       if (s_->pending)
@@ -109,6 +121,7 @@ class Parameter {
     Tensor data;
     std::optional<Pending> pending;
     std::optional<Symbol> symbol;
+    std::string grad_req = "write";
   };
   void finish() {
     auto& p = *s_->pending;

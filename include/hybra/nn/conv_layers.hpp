@@ -1,0 +1,193 @@
+#pragma once
+// Convolutional layers, as Gluon 1.x's nn (NCHW): Conv2D, the pooling layers
+// and BatchNorm. Sizes (kernel, strides, padding, dilation) take one integer
+// for both dims or a {height, width} pair. Prefixes are Gluon's: conv<n>_,
+// pool<n>_ for every pooling layer, batchnorm<n>_.
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "../ops/conv.hpp"
+#include "block.hpp"
+
+namespace hybra::nn {
+
+// A 2-d convolution: y = activation(conv2d(x, weight) + bias). weight is
+// (channels, in_channels / groups, kernel height, kernel width), bias
+// (channels,), zeros at first. in_channels = 0 (the default) takes it from
+// the first input.
+class Conv2D : public HybridBlock<Conv2D> {
+ public:
+  Conv2D(std::int64_t channels, Size2d kernel_size, Size2d strides = 1, Size2d padding = 0, Size2d dilation = 1,
+         std::int64_t groups = 1, std::string activation = "", bool use_bias = true, std::int64_t in_channels = 0,
+         DType dtype = DType::float32, std::optional<Initializer> weight_initializer = std::nullopt)
+      : HybridBlock("conv"),
+        channels_(channels),
+        kernel_(kernel_size),
+        strides_(strides),
+        padding_(padding),
+        dilation_(dilation),
+        groups_(groups),
+        activation_(std::move(activation)),
+        weight_(register_parameter("weight",
+                                   {channels, groups > 0 ? in_channels / groups : 0, kernel_size.h, kernel_size.w},
+                                   dtype, std::move(weight_initializer))) {
+    if (use_bias) bias_ = register_parameter("bias", {channels}, dtype, init::Zero());
+    if (channels <= 0) fail<ValueError>("Conv2D: channels must be positive, not ", channels);
+    if (kernel_size.h < 1 || kernel_size.w < 1)
+      fail<ValueError>("Conv2D: kernel_size ", kernel_size, " must be positive");
+    hybra::detail::nn::require_window("Conv2D", strides, padding, dilation);
+    if (groups < 1 || channels % groups != 0)
+      fail<ValueError>("Conv2D: groups ", groups, " must be positive and divide channels (", channels, ")");
+    if (in_channels < 0 || in_channels % groups != 0)
+      fail<ValueError>("Conv2D: in_channels ", in_channels, " must be a multiple of groups (", groups,
+                       "), or 0: inferred");
+    if (!activation_.empty()) hybra::activation(zeros({1}, DType::float32, meta()), activation_);
+  }
+
+  template <class F>
+  F hybrid_forward(const F& x) {
+    if (x.ndim() != 4)
+      fail<ShapeError>("block '", name(), "': input of shape ", to_string(x.shape()),
+                       " is not 4-d (batch, channels, height, width)");
+    if (x.shape()[1] % groups_ != 0)
+      fail<ShapeError>("block '", name(), "': input of shape ", to_string(x.shape()), " has ", x.shape()[1],
+                       " channels, which ", groups_, " groups do not divide");
+    weight_.complete_shape({channels_, x.shape()[1] / groups_, kernel_.h, kernel_.w});
+    F y = conv2d(x, weight_.as<F>(), bias_ ? bias_->as<F>() : F{}, strides_, padding_, dilation_, groups_);
+    if (activation_.empty()) return y;
+    return activation(y, activation_);
+  }
+
+  Parameter weight() const { return weight_; }
+  std::optional<Parameter> bias() const { return bias_; }
+
+ private:
+  std::int64_t channels_;
+  Size2d kernel_, strides_, padding_, dilation_;
+  std::int64_t groups_;
+  std::string activation_;
+  Parameter weight_;
+  std::optional<Parameter> bias_;
+};
+
+namespace detail {
+// Gluon's strides=None: a stride of 0 (the default) is the pool size.
+inline Size2d pool_strides(Size2d strides, Size2d pool_size) {
+  return {strides.h == 0 ? pool_size.h : strides.h, strides.w == 0 ? pool_size.w : strides.w};
+}
+}  // namespace detail
+
+// Max over pool_size windows moved by strides (0, the default: pool_size).
+class MaxPool2D : public HybridBlock<MaxPool2D> {
+ public:
+  explicit MaxPool2D(Size2d pool_size = 2, Size2d strides = 0, Size2d padding = 0)
+      : HybridBlock("pool"),
+        pool_size_(pool_size),
+        strides_(detail::pool_strides(strides, pool_size)),
+        padding_(padding) {
+    hybra::detail::nn::require_pool_window("MaxPool2D", pool_size_, strides_, padding_);
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return max_pool2d(x, pool_size_, strides_, padding_);
+  }
+
+ private:
+  Size2d pool_size_, strides_, padding_;
+};
+
+// Average over pool_size windows moved by strides (0, the default:
+// pool_size), dividing by the whole window or, without count_include_pad,
+// by the input elements in it.
+class AvgPool2D : public HybridBlock<AvgPool2D> {
+ public:
+  explicit AvgPool2D(Size2d pool_size = 2, Size2d strides = 0, Size2d padding = 0, bool count_include_pad = true)
+      : HybridBlock("pool"),
+        pool_size_(pool_size),
+        strides_(detail::pool_strides(strides, pool_size)),
+        padding_(padding),
+        count_include_pad_(count_include_pad) {
+    hybra::detail::nn::require_pool_window("AvgPool2D", pool_size_, strides_, padding_);
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return avg_pool2d(x, pool_size_, strides_, padding_, count_include_pad_);
+  }
+
+ private:
+  Size2d pool_size_, strides_, padding_;
+  bool count_include_pad_;
+};
+
+// (N, C, H, W) -> (N, C, 1, 1): the average of each plane.
+class GlobalAvgPool2D : public HybridBlock<GlobalAvgPool2D> {
+ public:
+  GlobalAvgPool2D() : HybridBlock("pool") {}
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return global_avg_pool2d(x);
+  }
+};
+
+// (N, C, H, W) -> (N, C, 1, 1): the maximum of each plane.
+class GlobalMaxPool2D : public HybridBlock<GlobalMaxPool2D> {
+ public:
+  GlobalMaxPool2D() : HybridBlock("pool") {}
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return global_max_pool2d(x);
+  }
+};
+
+// Batch normalisation along `axis`, in its inference form: y = (x -
+// running_mean) / sqrt(running_var + epsilon) * gamma + beta. It uses the
+// running statistics in training mode too, until autograd brings batch
+// statistics (and their update with `momentum`). gamma starts at ones, beta
+// and running_mean at zeros, running_var at ones; the running statistics
+// have grad_req "null", as have gamma without `scale` and beta without
+// `center` (Gluon's fixed gamma and beta). in_channels = 0 (the default)
+// takes the size of `axis` from the first input.
+class BatchNorm : public HybridBlock<BatchNorm> {
+ public:
+  explicit BatchNorm(std::int64_t axis = 1, double momentum = 0.9, double epsilon = 1e-5, bool center = true,
+                     bool scale = true, std::int64_t in_channels = 0, DType dtype = DType::float32)
+      : HybridBlock("batchnorm"),
+        axis_(axis),
+        momentum_(momentum),
+        epsilon_(epsilon),
+        gamma_(register_parameter("gamma", {in_channels}, dtype, init::One())),
+        beta_(register_parameter("beta", {in_channels}, dtype, init::Zero())),
+        running_mean_(register_parameter("running_mean", {in_channels}, dtype, init::Zero())),
+        running_var_(register_parameter("running_var", {in_channels}, dtype, init::One())) {
+    if (in_channels < 0)
+      fail<ValueError>("BatchNorm: in_channels must be positive (or 0: inferred), not ", in_channels);
+    if (!(epsilon > 0)) fail<ValueError>("BatchNorm: epsilon ", epsilon, " must be positive");
+    if (!(momentum >= 0 && momentum <= 1)) fail<ValueError>("BatchNorm: momentum ", momentum, " must be in [0, 1]");
+    if (!scale) gamma_.set_grad_req("null");
+    if (!center) beta_.set_grad_req("null");
+    running_mean_.set_grad_req("null");
+    running_var_.set_grad_req("null");
+  }
+
+  template <class F>
+  F hybrid_forward(const F& x) {
+    const int a = hybra::detail::checked_axis(axis_, x.shape(), "block '" + name() + "'");
+    const Shape channels{x.shape()[static_cast<std::size_t>(a)]};
+    for (Parameter* p : {&gamma_, &beta_, &running_mean_, &running_var_}) p->complete_shape(channels);
+    return batch_norm(x, gamma_.as<F>(), beta_.as<F>(), running_mean_.as<F>(), running_var_.as<F>(), epsilon_, axis_);
+  }
+
+  double momentum() const { return momentum_; }
+  Parameter gamma() const { return gamma_; }
+  Parameter beta() const { return beta_; }
+  Parameter running_mean() const { return running_mean_; }
+  Parameter running_var() const { return running_var_; }
+
+ private:
+  std::int64_t axis_;
+  double momentum_, epsilon_;
+  Parameter gamma_, beta_, running_mean_, running_var_;
+};
+
+}  // namespace hybra::nn
