@@ -16,6 +16,10 @@
 //                             OpenMP region then costs a futex wake, ~50 us here)
 //   BM_mlp/capture            a fresh net's first hybridized call: trace,
 //                             optimise, plan, run (initialisation excluded)
+//   BM_mlp/imported           net(x) on the model export_model wrote, read
+//                             back by SymbolBlock::imports (as examples/deploy)
+//   BM_mlp/import             imports + the first call: read both files,
+//                             build, optimise and plan the graph, run
 // The ratio hybridized / lower_bound is the figure the goal is stated in.
 // No PyTorch is installed on this machine (Debian's libtorch-dev pulls in
 // 206 packages); the hand-written forward is the in-run reference.
@@ -24,6 +28,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 #include <hybra/hybra.hpp>
 #include <vector>
@@ -133,6 +138,39 @@ void mlp_capture(benchmark::State& state) {
   }
 }
 
+// The MLP exported once per process into a temporary directory; returns the
+// file prefix.
+std::string exported_mlp() {
+  static const std::string prefix = [] {
+    hybra::seed(0);
+    auto net = make_mlp();
+    net.hybridize();
+    net(hybra::random_normal({1, 512})).wait_to_read();
+    auto dir = std::filesystem::temp_directory_path() / "hybra_bench_hybridize";
+    std::filesystem::create_directories(dir);
+    std::string p = (dir / "my_mlp").string();
+    net.export_model(p);
+    return p;
+  }();
+  return prefix;
+}
+
+void mlp_imported(benchmark::State& state) {
+  auto net = nn::SymbolBlock::imports(exported_mlp() + "-symbol.json", {"data"}, exported_mlp() + "-0000.params");
+  hybra::Tensor x = hybra::random_normal({1, 512});
+  net(x).wait_to_read();  // capture
+  for (auto _ : state) net(x).wait_to_read();
+}
+
+void mlp_import(benchmark::State& state) {
+  const std::string prefix = exported_mlp();
+  hybra::Tensor x = hybra::random_normal({1, 512});
+  for (auto _ : state) {
+    auto net = nn::SymbolBlock::imports(prefix + "-symbol.json", {"data"}, prefix + "-0000.params");
+    net(x).wait_to_read();
+  }
+}
+
 }  // namespace
 
 BENCHMARK_CAPTURE(mlp_call, eager, false)->Name("BM_mlp/eager")->MinTime(0.5)->UseRealTime();
@@ -140,5 +178,7 @@ BENCHMARK_CAPTURE(mlp_call, hybridized, true)->Name("BM_mlp/hybridized")->MinTim
 BENCHMARK_CAPTURE(mlp_lower_bound, one, 1)->Name("BM_mlp/lower_bound")->MinTime(0.5)->UseRealTime();
 BENCHMARK_CAPTURE(mlp_lower_bound, two, 2)->Name("BM_mlp/lower_bound_2t")->MinTime(0.5)->UseRealTime();
 BENCHMARK(mlp_capture)->Name("BM_mlp/capture")->Iterations(20)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(mlp_imported)->Name("BM_mlp/imported")->MinTime(0.5)->UseRealTime();
+BENCHMARK(mlp_import)->Name("BM_mlp/import")->Iterations(20)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

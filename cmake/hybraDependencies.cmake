@@ -1,7 +1,8 @@
 # Shared by the build tree and the installed package, so a consumer's
 # find_package(hybra) resolves exactly what the build tree uses.
 include(CMakeFindDependencyMacro)
-find_dependency(Boost 1.81 CONFIG)
+# Boost.JSON (model files, include/hybra/io/) is Boost's one compiled library hybra uses.
+find_dependency(Boost 1.81 CONFIG COMPONENTS json)
 # HYBRA_OPENMP is hybra's own option (CMakeLists.txt); a consumer of the
 # installed package does not set it, and then finds OpenMP in case the
 # exported target links it.
@@ -12,7 +13,7 @@ set(BLA_VENDOR OpenBLAS)
 find_dependency(BLAS)
 
 function(hybra_link_dependencies target)
-  target_link_libraries(${target} INTERFACE Boost::headers BLAS::BLAS m)
+  target_link_libraries(${target} INTERFACE Boost::headers Boost::json BLAS::BLAS m)
   if(HYBRA_OPENMP)
     target_link_libraries(${target} INTERFACE OpenMP::OpenMP_CXX)
   else()

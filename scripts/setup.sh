@@ -7,7 +7,10 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ git ccache pkg-config
   libboost1.81-dev # Boost.Yap/Hana 1.81 (NOT libboost-dev, which is 1.74)
+  libboost-json1.81-dev # Boost.JSON, compiled: model files (include/hybra/io/)
   doctest-dev libopenblas-dev libbenchmark-dev libeigen3-dev zlib1g-dev
+  clang libclang-rt-14-dev # libFuzzer and its sanitizer runtimes: tests/fuzz/run.sh
+  python3-venv # the MXNet interop test's venv (mxnet from PyPI): tests/interop/
 )
 
 die() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
@@ -39,10 +42,11 @@ fi
 
 # Verify, so a half-installed machine fails here rather than in CMake.
 for p in "${packages[@]}"; do installed "$p" || die "package $p is not installed"; done
-for tool in cmake ninja g++ git ccache pkg-config; do
+for tool in cmake ninja g++ clang++ git ccache pkg-config; do
   command -v "$tool" >/dev/null || die "$tool is not on PATH"
 done
 boost=$(sed -n 's/^#define BOOST_LIB_VERSION "\(.*\)"/\1/p' /usr/include/boost/version.hpp 2>/dev/null || true)
 [[ $boost == 1_81 ]] || die "expected Boost 1.81 headers in /usr/include/boost, found '${boost:-none}'"
 [[ -f /usr/include/boost/yap/yap.hpp ]] || die "Boost.Yap headers are missing"
+[[ -f /usr/include/boost/json.hpp ]] || die "Boost.JSON headers are missing"
 echo "setup.sh: ok ($(cmake --version | head -n1), g++ $(g++ -dumpfullversion), Boost ${boost/_/.})"

@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # The whole test suite. Exits non-zero if anything fails.
+#   0. build/mxnet-venv/  Python venv with mxnet==1.9.1 and numpy 1.23.5 from
+#                   PyPI, best effort, for the MXNet interop test of stage 1.
 #   1. build/       Release: configure, build everything (library, unit tests,
 #                   examples, benchmarks -- benchmarks are built, not run), then
 #                   ctest: unit tests, examples (--smoke), compile-fail tests
 #                   (hybra's static_asserts), and the packaging tests (install to a
-#                   fresh prefix + find_package consumer, add_subdirectory consumer).
-#   2. build-asan/  AddressSanitizer + UBSan, unit tests and examples, run with
+#                   fresh prefix + find_package consumer, add_subdirectory consumer),
+#                   and model files both ways between hybra and MXNet (interop).
+#   2. build-fuzz/  libFuzzer + ASan/UBSan on the model-file parsers
+#                   (tests/fuzz/run.sh): 25 s per target from the seed corpora,
+#                   failing on any crash, stray exception or sanitizer report.
+#   3. build-asan/  AddressSanitizer + UBSan, unit tests and examples, run with
 #                   leak detection. -O0 -g1: the same checks as -O1, but the heavy
 #                   test files compile ~25% faster; -g1 still gives file:line.
-#   3. build-tsan/  ThreadSanitizer, unit tests and examples: the engine's worker
+#   4. build-tsan/  ThreadSanitizer, unit tests and examples: the engine's worker
 #                   threads, its waits and the async tests, checked for data races
 #                   and lock-order inversions. Built with -DHYBRA_OPENMP=OFF
 #                   (libgomp is not instrumented: its barriers look like races,
 #                   so fused loops run on one thread per op there), -O1 -g1.
 # A failing stage does not stop the others (except the stages that need its
 # output); the summary at the end lists each stage with its wall time.
-# Environment: HYBRA_BUILD_DIR, HYBRA_ASAN_BUILD_DIR, HYBRA_TSAN_BUILD_DIR
-# (build directories), HYBRA_JOBS (parallel ctest jobs, default: number of cores).
+# Environment: HYBRA_BUILD_DIR, HYBRA_ASAN_BUILD_DIR, HYBRA_TSAN_BUILD_DIR,
+# HYBRA_FUZZ_DIR (build directories), HYBRA_MXNET_VENV (default
+# build/mxnet-venv), HYBRA_JOBS (parallel ctest jobs, default: number of
+# cores), HYBRA_FUZZ_SECONDS (fuzzing time per target, default 25).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -72,9 +80,27 @@ run_ctest() {
 }
 skip() { summary+=("$(printf '  %-22s      -    skipped (%s)' "$1" "$2")"); failed=1; }
 
+# 0. MXNet 1.9.1 from PyPI, in a venv, for the interop test (tests/interop/):
+# best effort. Without it that test says why and is skipped; nothing fails.
+MXNET_VENV=${HYBRA_MXNET_VENV:-$BUILD_DIR/mxnet-venv}
+[[ $MXNET_VENV == /* ]] || MXNET_VENV=$PWD/$MXNET_VENV
+mxnet_venv() {
+  "$MXNET_VENV/bin/python" -c "import mxnet" >/dev/null 2>&1 && return 0
+  python3 -m venv "$MXNET_VENV" &&
+    timeout 600 "$MXNET_VENV/bin/pip" install -q --disable-pip-version-check mxnet==1.9.1 numpy==1.23.5 &&
+    "$MXNET_VENV/bin/python" -c "import mxnet"
+}
+start=$SECONDS
+if mxnet_venv; then
+  summary+=("$(printf '  %-22s %3dm%02ds  ok' "mxnet venv" $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)))")
+else
+  summary+=("$(printf '  %-22s      -    unavailable: interop test skipped' "mxnet venv")")
+fi
+
 # 1. Release build: everything, then the full ctest suite.
 if stage "configure" cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-     -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=ON --log-level=WARNING; then
+     -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=ON --log-level=WARNING \
+     "-DHYBRA_MXNET_PYTHON=$MXNET_VENV/bin/python"; then
   if stage "build" cmake --build "$BUILD_DIR"; then
     stage "ctest" run_ctest "$BUILD_DIR"
   else
@@ -83,6 +109,10 @@ if stage "configure" cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Rele
 else
   skip "build" "configure failed"; skip "ctest" "configure failed"
 fi
+
+# 2. Fuzzing the model-file parsers; run.sh builds its targets with clang++
+# in HYBRA_FUZZ_DIR (default build-fuzz).
+stage "fuzz" tests/fuzz/run.sh
 
 # sanitized NAME DIR FLAGS CMAKE_ARGS...: configure DIR with the sanitizer
 # FLAGS (compile and link), build the unit tests and examples, run them.
@@ -102,11 +132,11 @@ sanitized() {
   fi
 }
 
-# 2. ASan + UBSan. The examples are built and run in stages 1 and 3: at -O0
+# 3. ASan + UBSan. The examples are built and run in stages 1 and 4: at -O0
 # with ASan their graph-capturing programs cost ~4 of the run's 26 minutes.
 sanitized asan "$ASAN_DIR" "-O0 $SANITIZE" -DHYBRA_BUILD_EXAMPLES=OFF
 
-# 3. ThreadSanitizer, without OpenMP. OpenBLAS is not instrumented either, but
+# 4. ThreadSanitizer, without OpenMP. OpenBLAS is not instrumented either, but
 # the tests' products are below its threading threshold: it computes them on
 # the calling (checked) thread.
 sanitized tsan "$TSAN_DIR" "-O1 $TSAN" -DHYBRA_OPENMP=OFF

@@ -12,3 +12,4 @@
 #include "nn/init.hpp"
 #include "nn/layers.hpp"
 #include "nn/parameter.hpp"
+#include "nn/symbol_block.hpp"

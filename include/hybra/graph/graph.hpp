@@ -3,6 +3,7 @@
 // topological order. Passes (passes.hpp) rewrite it, the CPU planner
 // (jit/cpu_plan.hpp) compiles it, and run() interprets it node by node with
 // the eager ops: the reference every optimised form is tested against.
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <span>
@@ -240,6 +241,34 @@ inline Tensor eval_node(const Node& n, std::span<const Tensor> in, std::span<con
   std::vector<Tensor> epilogue_in{out};
   epilogue_in.insert(epilogue_in.end(), in.begin() + static_cast<std::ptrdiff_t>(own), in.end());
   return detail::run_values(*n.body, epilogue_in)[static_cast<std::size_t>(n.body->outputs.front())];
+}
+
+// The graph's outputs rebuilt as symbols, each var replaced by `var(node)`:
+// a captured or imported graph spliced into a graph being built.
+inline std::vector<Symbol> replay(const Graph& g, const std::function<Symbol(const Node&)>& var) {
+  std::vector<Symbol> values(g.nodes.size());
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.op == "var") {
+      values[i] = var(n);
+    } else if (is_leaf(n)) {
+      auto leaf = std::make_shared<SymNode>();
+      leaf->op = n.op;
+      leaf->name = n.name;
+      leaf->attrs = n.attrs;
+      leaf->meta = n.meta;
+      leaf->value = n.value;
+      values[i] = Symbol(std::move(leaf));
+    } else {
+      if (n.body) fail<ValueError>("graph::replay: node ", i, " is fused; replay the graph before optimisation");
+      std::vector<Symbol> in;
+      for (int k : n.inputs) in.push_back(values[static_cast<std::size_t>(k)]);
+      values[i] = make_symbol(n.op, n.attrs, std::move(in));
+    }
+  }
+  std::vector<Symbol> out;
+  for (int o : g.outputs) out.push_back(values[static_cast<std::size_t>(o)]);
+  return out;
 }
 
 // Interprets the graph: each var takes the tensor bound to its name, each

@@ -13,7 +13,11 @@
 //    private:
 //     std::shared_ptr<nn::Dense> dense;
 //   };
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <map>
+#include <span>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +27,8 @@
 #include <vector>
 
 #include "../graph/passes.hpp"
+#include "../io/mxnet_graph.hpp"
+#include "../io/ndarray_list.hpp"
 #include "../jit/cpu_plan.hpp"
 #include "parameter.hpp"
 
@@ -44,6 +50,9 @@ class Block {
  public:
   explicit Block(std::string class_name = "block")
       : class_name_(std::move(class_name)), prefix_(detail::fresh_prefix(class_name_)) {}
+  // A block whose prefix is given ("" for a SymbolBlock, whose parameters
+  // keep the names of the model file).
+  Block(std::string class_name, std::string prefix) : class_name_(std::move(class_name)), prefix_(std::move(prefix)) {}
   Block(Block&&) = default;
   Block& operator=(Block&&) = default;
   Block(const Block&) = delete;
@@ -65,7 +74,7 @@ class Block {
 
   // `hybridsequential0_dense1_`; name() is the prefix without its underscore.
   const std::string& prefix() const { return prefix_; }
-  std::string name() const { return prefix_.substr(0, prefix_.size() - 1); }
+  std::string name() const { return prefix_.empty() ? class_name_ : prefix_.substr(0, prefix_.size() - 1); }
 
   // Every parameter of this block and its children, by full name.
   ParameterDict collect_params() const {
@@ -73,6 +82,66 @@ class Block {
     collect(d);
     return d;
   }
+  // Every parameter by its place in the tree below this block: a child is
+  // named by its own part of the prefix (`dense1.weight`,
+  // `hybridsequential0.dense0.bias`), so the names do not change when this
+  // block is wrapped in another (its prefix does).
+  std::vector<std::pair<std::string, Parameter>> structured_params() const {
+    std::vector<std::pair<std::string, Parameter>> out;
+    collect_structured("", out);
+    return out;
+  }
+
+  // The parameters' values, by structured_params() names, in MXNet's
+  // NDArray-list format (written atomically).
+  void save_parameters(const std::filesystem::path& file) const {
+    std::vector<std::pair<std::string, Tensor>> arrays;
+    for (const auto& [key, p] : structured_params()) arrays.emplace_back(key, p.data());
+    io::save_ndarray_list(file, arrays);
+  }
+
+  // Loads a save_parameters() file, or an export_model() `.params` file
+  // (names `arg:<parameter name>`, matched to collect_params() names, as
+  // Gluon's load_parameters does for names without a '.'). A parameter the
+  // file lacks is an error unless allow_missing; a name the block lacks is
+  // an error unless ignore_extra.
+  void load_parameters(const std::filesystem::path& file, Device device = cpu(), bool allow_missing = false,
+                       bool ignore_extra = false) {
+    auto loaded = io::load_ndarray_list(file);
+    const bool full_names = std::none_of(loaded.begin(), loaded.end(), [](const auto& a) {
+      return a.first.find('.') != std::string::npos;
+    });
+    std::vector<std::pair<std::string, Parameter>> expected;
+    if (full_names) {
+      for (const auto& p : collect_params()) expected.emplace_back(p.name(), p);
+      for (auto& [key, value] : loaded)
+        if (key.starts_with("arg:") || key.starts_with("aux:")) key.erase(0, 4);
+    } else {
+      expected = structured_params();
+    }
+    std::vector<bool> used(loaded.size(), false);
+    for (auto& entry : expected) {
+      const std::string& key = entry.first;
+      Parameter& p = entry.second;
+      auto at = std::find_if(loaded.begin(), loaded.end(), [&](const auto& a) { return a.first == key; });
+      if (at == loaded.end()) {
+        if (allow_missing) continue;
+        fail<ValueError>("load_parameters: file '", file.string(), "' has no parameter '", key, "' (block '", name(),
+                         "' parameter '", p.name(), "'); pass allow_missing=true to leave it as it is");
+      }
+      used[static_cast<std::size_t>(at - loaded.begin())] = true;
+      try {
+        p.set_data(at->second.to(device));
+      } catch (const ShapeError& e) {
+        fail<ShapeError>("load_parameters: file '", file.string(), "': ", e.what());
+      }
+    }
+    for (std::size_t k = 0; k < loaded.size(); ++k)
+      if (!used[k] && !ignore_extra)
+        fail<ValueError>("load_parameters: file '", file.string(), "' has parameter '", loaded[k].first, "', which block '",
+                         name(), "' does not have; pass ignore_extra=true to skip it");
+  }
+
   void initialize(const Initializer& init = init::Uniform(), Device device = cpu(), bool force_reinit = false,
                   Generator& gen = default_generator()) {
     collect_params().initialize(init, device, gen, force_reinit);
@@ -118,6 +187,14 @@ class Block {
     std::unordered_map<std::string, int> count;
     for (auto& c : children_) c->set_prefix(prefix_ + c->class_name_ + std::to_string(count[c->class_name_]++) + "_");
   }
+  void collect_structured(const std::string& path, std::vector<std::pair<std::string, Parameter>>& out) const {
+    for (const auto& [local, p] : params_) out.emplace_back(path + local, p);
+    for (const auto& c : children_) {
+      std::string part = c->prefix_.substr(prefix_.size());
+      if (part.ends_with('_')) part.pop_back();
+      c->collect_structured(path + part + ".", out);
+    }
+  }
   void collect(ParameterDict& d) const {
     for (const auto& [local, p] : params_) d.add(p);
     for (const auto& c : children_) c->collect(d);
@@ -129,7 +206,8 @@ class Block {
   std::unordered_map<std::string, int> child_count_;
 };
 
-// What every HybridBlock shares, whatever its forward: the capture cache.
+// What every HybridBlock shares, whatever its forward: the capture cache,
+// and export of the captured graph.
 class HybridBase : public Block {
  public:
   using Block::Block;
@@ -142,66 +220,138 @@ class HybridBase : public Block {
   }
   bool hybridized() const { return active_; }
 
+  // The names of the graph's inputs, in call order (Gluon's: one, "data").
+  virtual std::vector<std::string> input_names() const { return {"data"}; }
+
   // The plan of the last call's signature (to print its graph or read its
   // memory figures); a ValueError before the first hybridized call.
-  const jit::CpuPlan& plan() const {
-    if (!last_) fail<ValueError>("block '", name(), "': no graph has been captured yet (hybridize(), then call it)");
-    return last_->plan;
-  }
+  const jit::CpuPlan& plan() const { return last_captured("plan").plan; }
   // How many signatures have been captured.
   std::size_t captured() const { return cache_.size(); }
+
+  // Writes the last captured graph as `<path>-symbol.json` and its
+  // parameters as `<path>-<epoch, 4 digits>.params`, in MXNet's formats
+  // (docs/model-format.md). The graph is the one the forward built, before
+  // optimisation, so any program that imports it re-optimises it for itself.
+  void export_model(const std::string& path, int epoch = 0) const {
+    const Captured& c = last_captured("export_model");
+    io::MxnetExport ex = io::to_mxnet(c.graph, input_names(), prefix());
+    std::vector<std::pair<std::string, Tensor>> arrays;
+    const auto vars = c.graph.vars();
+    for (bool aux : {false, true}) {
+      for (std::size_t k = 0; k < vars.size(); ++k) {
+        if (!c.sources[k].parameter) continue;
+        const std::string& var = c.graph.nodes[static_cast<std::size_t>(vars[k])].name;
+        if ((std::find(ex.aux.begin(), ex.aux.end(), var) != ex.aux.end()) == aux)
+          arrays.emplace_back((aux ? "aux:" : "arg:") + var, c.sources[k].parameter->data());
+      }
+    }
+    for (auto& [name, value] : ex.constants) arrays.emplace_back("arg:" + name, value);
+    char epoch_text[16];
+    std::snprintf(epoch_text, sizeof epoch_text, "%04d", epoch);
+    io::save_ndarray_list(path + "-" + epoch_text + ".params", arrays);
+    io::save_symbol_json(path + "-symbol.json", ex.symbol);
+  }
 
  protected:
   Tensor call(const Tensor& x) override {
     if (!active_) return forward(x);
-    x.require(name().c_str());
+    return call_captured(std::span(&x, 1)).front();
+  }
+
+  // The symbolic forward over all inputs (one input: forward(Symbol)).
+  virtual std::vector<Symbol> forward_all(const std::vector<Symbol>& inputs) { return {forward(inputs.front())}; }
+
+  // A hybridized call: the plan of the inputs' signature, captured on the
+  // first call with that signature.
+  std::vector<Tensor> call_captured(std::span<const Tensor> in) {
+    for (const auto& t : in) t.require(name().c_str());
     const bool training = autograd::is_training();
-    if (!last_ || last_->shape != x.shape() || last_->dtype != x.dtype() || last_->device != x.device() ||
-        last_->training != training) {
-      Key key{std::vector<std::int64_t>(x.shape().begin(), x.shape().end()), x.dtype(), x.device(), training};
+    if (!last_ || !last_->matches(in, training)) {
+      Key key{{}, in.front().device(), training};
+      for (const auto& t : in) key.signature.emplace_back(std::vector<std::int64_t>(t.shape().begin(), t.shape().end()), t.dtype());
       auto it = cache_.find(key);
-      if (it == cache_.end()) it = cache_.emplace(key, capture(x, training)).first;
+      if (it == cache_.end()) it = cache_.emplace(key, capture(in, training)).first;
       last_ = it->second.get();
     }
-    std::vector<Tensor> in(last_->sources.size());
-    for (std::size_t k = 0; k < in.size(); ++k) in[k] = last_->sources[k] ? last_->sources[k]->data() : x;
-    return last_->plan(std::move(in)).front();
+    std::vector<Tensor> values(last_->sources.size());
+    for (std::size_t k = 0; k < values.size(); ++k)
+      values[k] = last_->sources[k].parameter ? last_->sources[k].parameter->data() : in[last_->sources[k].input];
+    return last_->plan(std::move(values));
   }
 
  private:
-  using Key = std::tuple<std::vector<std::int64_t>, DType, Device, bool>;
-  struct Captured {
-    Shape shape;
-    DType dtype;
+  struct Key {
+    std::vector<std::pair<std::vector<std::int64_t>, DType>> signature;
     Device device;
     bool training;
+    auto operator<=>(const Key&) const = default;
+  };
+  // Where a graph var's value comes from: a parameter, or an input.
+  struct Source {
+    std::optional<Parameter> parameter;
+    std::size_t input = 0;
+  };
+  struct Captured {
+    std::vector<Shape> shapes;
+    std::vector<DType> dtypes;
+    Device device;
+    bool training;
+    graph::Graph graph;  // as the forward built it (what export_model writes)
     jit::CpuPlan plan;
-    std::vector<std::optional<Parameter>> sources;  // per graph var: a parameter, or the input
+    std::vector<Source> sources;  // per graph var
+
+    bool matches(std::span<const Tensor> in, bool mode) const {
+      if (in.size() != shapes.size() || mode != training || in.front().device() != device) return false;
+      for (std::size_t k = 0; k < in.size(); ++k)
+        if (in[k].shape() != shapes[k] || in[k].dtype() != dtypes[k]) return false;
+      return true;
+    }
   };
 
-  std::unique_ptr<Captured> capture(const Tensor& x, bool training) {
-    Symbol out;
+  const Captured& last_captured(std::string_view what) const {
+    if (!last_)
+      fail<ValueError>("block '", name(), "': ", what, ": no graph has been captured yet (hybridize(), then call it)");
+    return *last_;
+  }
+
+  std::unique_ptr<Captured> capture(std::span<const Tensor> in, bool training) {
+    const std::vector<std::string> names = input_names();
+    if (names.size() != in.size()) {
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      fail<ValueError>("block '", name(), "' takes ", names.size(), " inputs (", list, "), not ", in.size());
+    }
+    std::vector<Symbol> outs;
     {
       autograd::mode_scope mode(training);
-      out = forward(sym::var("data", x.shape(), x.dtype()));
+      std::vector<Symbol> vars;
+      for (std::size_t k = 0; k < in.size(); ++k) vars.push_back(sym::var(names[k], in[k].shape(), in[k].dtype()));
+      outs = forward_all(vars);
     }
-    graph::Graph g = graph::trace({out});
+    graph::Graph g = graph::trace(outs);
     const ParameterDict params = collect_params();
-    std::vector<std::optional<Parameter>> sources;
+    std::vector<Source> sources;
     for (int v : g.vars()) {
       const auto& var = g.nodes[static_cast<std::size_t>(v)];
-      if (var.name == "data") {
-        sources.emplace_back(std::nullopt);
+      if (auto at = std::find(names.begin(), names.end(), var.name); at != names.end()) {
+        sources.push_back(Source{std::nullopt, static_cast<std::size_t>(at - names.begin())});
       } else if (const Parameter* p = params.find(var.name)) {
-        sources.emplace_back(*p);
+        sources.push_back(Source{*p, 0});
       } else {
         fail<ValueError>("block '", name(), "': its graph reads var '", var.name,
-                         "', which is neither its input 'data' nor one of its parameters");
+                         "', which is neither one of its inputs nor one of its parameters");
       }
     }
-    return std::make_unique<Captured>(Captured{x.shape(), x.dtype(), x.device(), training,
-                                               jit::CpuPlan(graph::optimize(g), x.device(), training, "hybridized " + name()),
-                                               std::move(sources)});
+    std::vector<Shape> shapes;
+    std::vector<DType> dtypes;
+    for (const auto& t : in) {
+      shapes.push_back(t.shape());
+      dtypes.push_back(t.dtype());
+    }
+    jit::CpuPlan plan(graph::optimize(g), in.front().device(), training, "hybridized " + name());
+    return std::make_unique<Captured>(Captured{std::move(shapes), std::move(dtypes), in.front().device(), training,
+                                               std::move(g), std::move(plan), std::move(sources)});
   }
 
   bool active_ = false;
