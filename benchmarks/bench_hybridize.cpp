@@ -21,8 +21,8 @@
 //   BM_mlp/import             imports + the first call: read both files,
 //                             build, optimise and plan the graph, run
 // The ratio hybridized / lower_bound is the figure the goal is stated in.
-// No PyTorch is installed on this machine (Debian's libtorch-dev pulls in
-// 206 packages); the hand-written forward is the in-run reference.
+// The hand-written forward is the in-run reference (bench_lenet has the
+// LibTorch peer).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 

@@ -1,6 +1,13 @@
 #pragma once
 // Helpers the op tests share to build inputs and walk reference loops.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <hybra/eager.hpp>
+#include <string>
 #include <vector>
 
 namespace hybra::test {
@@ -30,5 +37,37 @@ inline std::int64_t ravel(const std::vector<std::int64_t>& idx, const Shape& sha
   for (std::size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + idx[d];
   return flat;
 }
+
+// max_i |a_i - b_i| / max(|a_i|, |b_i|): 0 when every element is equal.
+inline double max_rel_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (x[i] != y[i]) worst = std::max(worst, std::abs(x[i] - y[i]) / std::max({std::abs(x[i]), std::abs(y[i]), 1e-30}));
+  return worst;
+}
+
+// A fresh directory, removed with everything in it at the end of the test.
+struct ScratchDir {
+  std::filesystem::path path;
+  ScratchDir() {
+    static int counter = 0;
+    path = std::filesystem::temp_directory_path() /
+           ("hybra-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() { std::filesystem::remove_all(path); }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(path)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+};
 
 }  // namespace hybra::test

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "reference.hpp"
+
 using namespace hybra;
 using namespace hybra::io;
 namespace fs = std::filesystem;
@@ -26,23 +28,7 @@ namespace {
 
 fs::path fixture(const std::string& name) { return fs::path(HYBRA_TEST_DATA_DIR) / "mxnet" / name; }
 
-// A fresh directory, removed with everything in it at the end of the test.
-struct ScratchDir {
-  fs::path path;
-  ScratchDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("hybra-io-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~ScratchDir() { fs::remove_all(path); }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(path)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-};
+using test::ScratchDir;
 
 // Little-endian bytes, for building files by hand.
 struct Bytes {

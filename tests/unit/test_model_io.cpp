@@ -10,23 +10,15 @@
 #include <hybra/hybra.hpp>
 #include <string>
 
+#include "reference.hpp"
+
 using namespace hybra;
 namespace nn = hybra::nn;
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory per test case, removed at its end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int count = 0;
-    path = fs::temp_directory_path() / ("hybra_model_io_" + std::to_string(::getpid()) + "_" + std::to_string(count++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using test::ScratchDir;
 
 std::string slurp(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
@@ -59,7 +51,7 @@ class ScalarMath : public nn::HybridBlock<ScalarMath> {
 }  // namespace
 
 TEST_CASE("export_model writes MXNet's symbol JSON and NDArray-list params") {
-  TempDir dir;
+  ScratchDir dir;
   auto net = small_mlp();
   CHECK_THROWS_WITH_AS(net.export_model(dir / "m"), doctest::Contains("no graph has been captured"), ValueError);
   net.hybridize();
@@ -76,7 +68,7 @@ TEST_CASE("export_model writes MXNet's symbol JSON and NDArray-list params") {
 }
 
 TEST_CASE("an exported model imports with the same outputs and re-optimised plan") {
-  TempDir dir;
+  ScratchDir dir;
   auto net = small_mlp();
   net.hybridize();
   Tensor x = random_normal({4, 5});
@@ -98,7 +90,7 @@ TEST_CASE("an exported model imports with the same outputs and re-optimised plan
 }
 
 TEST_CASE("scalar arithmetic, comparisons and reductions round-trip through the MXNet dialect") {
-  TempDir dir;
+  ScratchDir dir;
   ScalarMath block;
   block.hybridize();
   Tensor x = random_uniform({3, 4}, -1, 2);
@@ -119,7 +111,7 @@ TEST_CASE("every op of the graph registry has an MXNet spelling") {
 }
 
 TEST_CASE("an imported SymbolBlock composes with other blocks and is captured with them") {
-  TempDir dir;
+  ScratchDir dir;
   auto net = small_mlp();
   net.hybridize();
   Tensor x = random_normal({2, 5});
@@ -152,7 +144,7 @@ TEST_CASE("a SymbolBlock built from symbols: several inputs and outputs, by name
 }
 
 TEST_CASE("imports names what is wrong with a model and its parameter file") {
-  TempDir dir;
+  ScratchDir dir;
   auto net = small_mlp();
   net.hybridize();
   net(random_normal({1, 5}));
@@ -179,7 +171,7 @@ TEST_CASE("imports names what is wrong with a model and its parameter file") {
 }
 
 TEST_CASE("save_parameters and load_parameters: structured names that survive wrapping") {
-  TempDir dir;
+  ScratchDir dir;
   auto net = small_mlp();
   Tensor x = random_normal({2, 5});
   Tensor want = net(x);

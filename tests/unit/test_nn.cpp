@@ -6,19 +6,14 @@
 #include <cmath>
 #include <hybra/hybra.hpp>
 
+#include "reference.hpp"
+
 using namespace hybra;
 namespace nn = hybra::nn;
 
 namespace {
 
-double max_rel_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  double worst = 0;
-  for (std::size_t i = 0; i < x.size(); ++i)
-    if (x[i] != y[i]) worst = std::max(worst, std::abs(x[i] - y[i]) / std::max({std::abs(x[i]), std::abs(y[i]), 1e-30}));
-  return worst;
-}
+using test::max_rel_diff;
 
 nn::HybridSequential chapter_mlp() {
   nn::HybridSequential net;
