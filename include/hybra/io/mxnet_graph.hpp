@@ -334,11 +334,7 @@ inline std::vector<OpRow> op_rows() {
                          auto shape = r.tuple("shape");
                          if (!shape) r.reject("attr 'shape' is missing");
                          for (auto d : *shape)
-                           if (d < -1) r.reject("MXNet's special reshape codes (0, -2, -3, -4) are not supported");
-                         if (std::count(shape->begin(), shape->end(), 0) && !r.flag("reverse", false)) {
-                           for (auto d : *shape)
-                             if (d == 0) r.reject("MXNet's special reshape code 0 (copy this dimension) is not supported");
-                         }
+                           if (d == 0 || d < -1) r.reject("MXNet's special reshape codes (0, -2, -3, -4) are not supported");
                          return r.make("reshape", {{"shape", graph::attr_text(*shape)}});
                        }});
   rows.push_back(OpRow{"transpose", {"transpose"},
