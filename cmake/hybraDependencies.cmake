@@ -11,9 +11,11 @@ if(NOT DEFINED HYBRA_OPENMP OR HYBRA_OPENMP)
 endif()
 set(BLA_VENDOR OpenBLAS)
 find_dependency(BLAS)
+# zlib reads the gzip-compressed IDX files of datasets (include/hybra/data/).
+find_dependency(ZLIB)
 
 function(hybra_link_dependencies target)
-  target_link_libraries(${target} INTERFACE Boost::headers Boost::json BLAS::BLAS m)
+  target_link_libraries(${target} INTERFACE Boost::headers Boost::json BLAS::BLAS ZLIB::ZLIB m)
   if(HYBRA_OPENMP)
     target_link_libraries(${target} INTERFACE OpenMP::OpenMP_CXX)
   else()

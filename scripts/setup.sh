@@ -11,6 +11,8 @@ packages=(
   doctest-dev libopenblas-dev libbenchmark-dev libeigen3-dev zlib1g-dev
   clang libclang-rt-14-dev # libFuzzer and its sanitizer runtimes: tests/fuzz/run.sh
   python3-venv # the MXNet interop test's venv (mxnet from PyPI): tests/interop/
+  libopenmpi-dev openmpi-bin # training across processes: include/hybra/parallel/mpi.hpp
+  dataset-fashion-mnist # real Fashion-MNIST (/usr/share/datasets/fashion-mnist): examples/train_lenet
 )
 
 die() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
