@@ -235,8 +235,15 @@ inline void CpuPlan::build() {
     while (alias[static_cast<std::size_t>(id)] >= 0) id = alias[static_cast<std::size_t>(id)];
     return static_cast<std::size_t>(id);
   };
+  // A step may write over a value it reads for the last time only when it
+  // reads that value at the index it writes: through a view (a broadcast,
+  // say) or at another shape it would read elements it already overwrote, so
+  // such a value lives one step longer.
   for (std::size_t i = 0; i < count; ++i)
-    for (int k : g.nodes[i].inputs) last_use[owner(k)] = std::max(last_use[owner(k)], i);
+    for (int k : g.nodes[i].inputs) {
+      const bool in_step = owner(k) == static_cast<std::size_t>(k) && layout[static_cast<std::size_t>(k)].shape() == layout[i].shape();
+      last_use[owner(k)] = std::max(last_use[owner(k)], in_step ? i : i + 1);
+    }
   for (int o : g.outputs) {
     planned[static_cast<std::size_t>(o)] = false;
     last_use[owner(o)] = count;
