@@ -39,13 +39,16 @@ inline std::int64_t ravel(const std::vector<std::int64_t>& idx, const Shape& sha
 }
 
 // max_i |a_i - b_i| / max(|a_i|, |b_i|): 0 when every element is equal.
-inline double max_rel_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  auto x = a.to_vector<double>(), y = b.to_vector<double>();
+inline double max_rel_diff(const std::vector<double>& x, const std::vector<double>& y) {
+  REQUIRE(x.size() == y.size());
   double worst = 0;
   for (std::size_t i = 0; i < x.size(); ++i)
     if (x[i] != y[i]) worst = std::max(worst, std::abs(x[i] - y[i]) / std::max({std::abs(x[i]), std::abs(y[i]), 1e-30}));
   return worst;
+}
+inline double max_rel_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  return max_rel_diff(a.to_vector<double>(), b.to_vector<double>());
 }
 
 // A fresh directory, removed with everything in it at the end of the test.

@@ -27,6 +27,9 @@ template <class E>
 concept yap_expression = boost::yap::is_expr<std::remove_cvref_t<E>>::value;
 
 class Symbol;  // graph/symbol.hpp
+namespace autograd {
+struct Entry;  // autograd/tape.hpp
+}
 
 // Whether an expression has a Symbol leaf: such an expression describes a
 // graph, not values, and never becomes a Tensor.
@@ -134,6 +137,26 @@ class Tensor {
   // shape (its dtype may differ: values are converted) and may live on any device.
   void copy_to(const Tensor& dst) const;
 
+  // Autograd (autograd/tape.hpp, autograd/backward.hpp). attach_grad gives
+  // this tensor a gradient buffer (grad_req "write", "add" or "null"), which
+  // backward() of a result recorded from it fills. Copies of a Tensor share
+  // its gradient, as they share its data.
+  void attach_grad(std::string_view grad_req = "write");
+  Tensor grad() const;
+  // The gradient of everything recorded from this result with respect to
+  // every tensor with attach_grad, given the head's own gradient (ones by
+  // default).
+  void backward() const;
+  void backward(const Tensor& head_grad) const;
+  // The same values, cut off from the recorded graph.
+  Tensor detach() const {
+    Tensor t = *this;
+    t.autograd_.reset();
+    return t;
+  }
+  const std::shared_ptr<autograd::Entry>& autograd_entry() const { return autograd_; }
+  void set_autograd_entry(std::shared_ptr<autograd::Entry> entry) { autograd_ = std::move(entry); }
+
   // A contiguous tensor over part of an existing storage, starting
   // byte_offset bytes in (a multiple of the dtype's size): how a planned
   // graph places its intermediate values in one workspace (jit/cpu_plan.hpp).
@@ -156,7 +179,7 @@ class Tensor {
   // A view sharing this tensor's storage (used by reshape, transpose, slice).
   Tensor view(const Shape& shape, const Strides& strides, std::int64_t offset) const {
     require("view");
-    Tensor t = *this;
+    Tensor t = detach();
     t.shape_ = shape;
     t.strides_ = strides;
     t.offset_ = offset;
@@ -174,6 +197,7 @@ class Tensor {
   Strides strides_;
   std::int64_t offset_ = 0;
   DType dtype_ = DType::float32;
+  std::shared_ptr<autograd::Entry> autograd_;
 };
 
 // The operands of one op must live on one device: copies between devices

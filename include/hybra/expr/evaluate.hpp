@@ -10,6 +10,7 @@
 #include <optional>
 #include <ostream>
 
+#include "../autograd/tape.hpp"
 #include "../backend/cpu/threads.hpp"
 #include "../core/format.hpp"
 #include "../engine/push.hpp"
@@ -184,6 +185,8 @@ void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
 
 template <class E>
 Tensor evaluate_unfused(const E& e);
+template <class E>
+Tensor evaluate_recorded(const E& e);
 
 // Queues writing src into dst (same shape, any layouts, any devices),
 // converting the dtype.
@@ -243,6 +246,9 @@ Tensor eval(const E& e) {
   } else {
     auto leaves = detail::tensor_leaves(e);
     Shape shape = detail::infer_shape(e);
+    if (autograd::is_recording())
+      for (auto* t : leaves)
+        if (autograd::requires_grad(*t)) return detail::evaluate_recorded(e);
     for (auto* t : leaves)
       if (t->dtype() != leaves.front()->dtype()) return detail::evaluate_unfused(e);
     return dispatch(leaves.front()->dtype(), [&](auto tag) {
@@ -297,6 +303,46 @@ Tensor evaluate_unfused(const E& e) {
   else return result;
 }
 
+// While recording: node by node, each node one recorded op (the gradient
+// needs every intermediate value). C++ scalars are recorded as 0-d tensors
+// of their own dtype, marked weak.
+template <class E>
+Tensor evaluate_recorded(const E& e) {
+  auto leaf = [](const auto& v) { return v; };
+  auto node = [](auto op, const auto&... args) -> Tensor {
+    using Op = decltype(op);
+    std::vector<Tensor> inputs;
+    std::vector<bool> weak;
+    bool needed = false;
+    std::optional<Device> device;  // of the first tensor operand: where the scalars go
+    auto locate = [&](const auto& a) {
+      if constexpr (is_tensor_v<decltype(a)>)
+        if (!device) device = a.device();
+    };
+    (locate(args), ...);
+    auto note = [&](const auto& a) {
+      if constexpr (is_tensor_v<decltype(a)>) {
+        inputs.push_back(a);
+        weak.push_back(false);
+        needed = needed || autograd::requires_grad(a);
+      } else {
+        using S = kernel::scalar_type_t<std::remove_cvref_t<decltype(a)>>;
+        inputs.push_back(array<S>(std::vector<S>{static_cast<S>(a)}, Shape{}, *device));
+        weak.push_back(true);
+      }
+    };
+    (note(args), ...);
+    Tensor out;
+    {
+      autograd::pause inside(autograd::is_training());
+      out = evaluate_unfused(apply_op<Op>(args...));
+    }
+    if (needed) autograd::record_node(std::string(Op::name), {}, std::move(inputs), std::move(weak), std::span<Tensor>(&out, 1));
+    return out;
+  };
+  return fold(e, leaf, node);
+}
+
 }  // namespace detail
 
 template <tensor_expression E>
@@ -347,18 +393,20 @@ Tensor& Tensor::assign(E&& e) {
 }
 
 inline Tensor Tensor::copy() const {
-  Tensor out(require("copy").shape_, dtype_, device());
+  autograd::op_record rec("copy", {require("copy")});
+  Tensor out(shape_, dtype_, device());
   detail::copy_into(*this, out);
-  return out;
+  return rec.output_with_rule(out, [](std::span<const Tensor> dy) { return std::vector<Tensor>{dy[0]}; });
 }
 
 inline Tensor Tensor::contiguous() const { return is_contiguous() ? *this : copy(); }
 
 inline Tensor Tensor::to(Device d) const {
   if (require("to").device() == d) return *this;
+  autograd::op_record rec("to", {*this});
   Tensor out(shape_, dtype_, d);
   detail::copy_into(*this, out);
-  return out;
+  return rec.output_with_rule(out, [from = device()](std::span<const Tensor> dy) { return std::vector<Tensor>{dy[0].to(from)}; });
 }
 
 inline void Tensor::copy_to(const Tensor& dst) const {
@@ -371,9 +419,10 @@ inline void Tensor::copy_to(const Tensor& dst) const {
 }
 
 inline Tensor Tensor::astype(DType d) const {
-  Tensor out(require("astype").shape_, d, device());
+  autograd::op_record rec("astype", {require("astype")});
+  Tensor out(shape_, d, device());
   detail::copy_into(*this, out);
-  return out;
+  return rec.output(out, [d] { return graph::Attrs{{"dtype", std::string(hybra::name(d))}}; });
 }
 
 template <class T>

@@ -15,6 +15,7 @@
 
 #include "../backend/cpu/fused_loop.hpp"
 #include "../ops/conv.hpp"
+#include "../ops/conv_backward.hpp"
 #include "../ops/linalg.hpp"
 #include "../ops/nn.hpp"
 #include "../ops/reduce.hpp"
@@ -33,6 +34,9 @@ struct OpDef {
   // The eager op on tensors. Elementwise ops receive every operand as a
   // tensor: scalar operands arrive as 0-d tensors of the node's common dtype.
   Tensor (*eval)(std::span<const Tensor> in, const Attrs& attrs) = nullptr;
+  // An op that only gradients use (autograd/gradients.hpp): never in a graph
+  // a user builds, so never in a model file.
+  bool gradient_only = false;
 };
 
 namespace detail {
@@ -143,6 +147,10 @@ inline std::vector<OpDef> op_defs() {
   def("concat", -1, [](T in, A a) { return concat(std::vector<Tensor>(in.begin(), in.end()), int_attr(a, "axis", "concat")); });
   def("astype", 1, [](T in, A a) { return in[0].astype(parse_dtype(find_attr(a, "dtype", "astype"), "astype")); });
   def("flatten", 1, [](T in, A) { return flatten(in[0]); });
+  def("broadcast_to", 1, [](T in, A a) {
+    auto s = parse_tuple(find_attr(a, "shape", "broadcast_to"), "broadcast_to");
+    return broadcast_to(in[0], Shape(s.begin(), s.end()));
+  });
   def("fully_connected", -1, [](T in, A) {
     if (in.size() != 2 && in.size() != 3)
       fail<ValueError>("fully_connected: takes (data, weight) or (data, weight, bias), not ", in.size(), " inputs");
@@ -185,6 +193,41 @@ inline std::vector<OpDef> op_defs() {
   def("batch_norm", 5, [](T in, A a) {
     return batch_norm(in[0], in[1], in[2], in[3], in[4], parse_double(find_attr(a, "eps", "batch_norm"), "batch_norm"),
                       int_attr(a, "axis", "batch_norm"));
+  });
+  auto gradient = [&](std::string_view name, int arity, Tensor (*eval)(T, A)) {
+    defs.push_back(OpDef{name, arity, -1, {}, {}, eval, true});
+  };
+  static constexpr auto shape_attr = [](A a, std::string_view op) {
+    auto s = parse_tuple(find_attr(a, "shape", op), op);
+    return Shape(s.begin(), s.end());
+  };
+  gradient("slice_backward", 1, [](T in, A a) {
+    return slice_backward(in[0], shape_attr(a, "slice_backward"), int_attr(a, "axis", "slice_backward"),
+                          optional_int_attr(a, "begin", "slice_backward"), optional_int_attr(a, "end", "slice_backward"),
+                          int_attr(a, "step", "slice_backward"));
+  });
+  // (dy, weight) and (dy, data), with the forward conv2d's attributes and the shape of what they return.
+  gradient("conv2d_backward_data", 2, [](T in, A a) {
+    constexpr std::string_view op = "conv2d_backward_data";
+    return conv2d_backward_data(in[0], in[1], shape_attr(a, op), size2d(a, "stride", op), size2d(a, "pad", op),
+                                size2d(a, "dilate", op), int_attr(a, "num_group", op));
+  });
+  gradient("conv2d_backward_weight", 2, [](T in, A a) {
+    constexpr std::string_view op = "conv2d_backward_weight";
+    return conv2d_backward_weight(in[0], in[1], shape_attr(a, op), size2d(a, "stride", op), size2d(a, "pad", op),
+                                  size2d(a, "dilate", op), int_attr(a, "num_group", op));
+  });
+  // (dy, data), with the forward pool2d's attributes.
+  gradient("pool2d_backward", 2, [](T in, A a) {
+    constexpr std::string_view op = "pool2d_backward";
+    const bool max = find_attr(a, "pool_type", op) == "max";
+    if (parse_bool(find_attr(a, "global_pool", op), op)) {
+      const Shape& s = in[1].shape();
+      if (s.size() != 4) fail<ShapeError>(op, ": input of shape ", hybra::to_string(s), " is not 4-d");
+      return pool2d_backward(in[0], in[1], max, Size2d(s[2], s[3]), 1, 0, true);
+    }
+    return pool2d_backward(in[0], in[1], max, size2d(a, "kernel", op), size2d(a, "stride", op), size2d(a, "pad", op),
+                           parse_bool(find_attr(a, "count_include_pad", op), op));
   });
   return defs;
 }

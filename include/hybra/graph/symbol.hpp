@@ -226,7 +226,7 @@ Symbol dot(A&& a, B&& b) {
 
 namespace graph::detail {
 inline Symbol reduction(std::string op, const Symbol& x, const Axes& axes, bool keepdims) {
-  return make_symbol(std::move(op), {{"axis", attr_text(axes.list())}, {"keepdims", attr_text(keepdims)}}, {x});
+  return make_symbol(std::move(op), reduce_attrs(axes, keepdims), {x});
 }
 }  // namespace graph::detail
 
@@ -253,36 +253,37 @@ Symbol argmax(X&& x, std::optional<std::int64_t> axis = std::nullopt, bool keepd
 }
 template <symbol_like X>
 Symbol softmax(X&& x, std::int64_t axis = -1) {
-  return graph::make_symbol("softmax", {{"axis", graph::attr_text(axis)}}, {to_symbol(x)});
+  return graph::make_symbol("softmax", axis_attrs(axis), {to_symbol(x)});
 }
 template <symbol_like X>
 Symbol log_softmax(X&& x, std::int64_t axis = -1) {
-  return graph::make_symbol("log_softmax", {{"axis", graph::attr_text(axis)}}, {to_symbol(x)});
+  return graph::make_symbol("log_softmax", axis_attrs(axis), {to_symbol(x)});
 }
 template <symbol_like X>
 Symbol reshape(X&& x, const Shape& shape) {
-  return graph::make_symbol("reshape", {{"shape", graph::attr_text(shape)}}, {to_symbol(x)});
+  return graph::make_symbol("reshape", reshape_attrs(shape), {to_symbol(x)});
 }
 template <symbol_like X>
 Symbol transpose(X&& x, const std::vector<std::int64_t>& axes) {
-  return graph::make_symbol("transpose", {{"axis", graph::attr_text(axes)}}, {to_symbol(x)});
+  return graph::make_symbol("transpose", transpose_attrs(axes), {to_symbol(x)});
 }
 template <symbol_like X>
 Symbol transpose(X&& x) {
-  return graph::make_symbol("transpose", {{"axis", "None"}}, {to_symbol(x)});
+  return graph::make_symbol("transpose", transpose_attrs(std::nullopt), {to_symbol(x)});
 }
 template <symbol_like X>
 Symbol slice(X&& x, std::int64_t axis, std::optional<std::int64_t> begin, std::optional<std::int64_t> end,
              std::int64_t step = 1) {
-  return graph::make_symbol("slice",
-                            {{"axis", graph::attr_text(axis)}, {"begin", graph::attr_text(begin)},
-                             {"end", graph::attr_text(end)}, {"step", graph::attr_text(step)}},
-                            {to_symbol(x)});
+  return graph::make_symbol("slice", slice_attrs(axis, begin, end, step), {to_symbol(x)});
 }
 template <class S>  // a template, so that concat({}) still means the tensor overload
   requires std::same_as<S, Symbol>
 Symbol concat(const std::vector<S>& symbols, std::int64_t axis = 0) {
-  return graph::make_symbol("concat", {{"axis", graph::attr_text(axis)}}, symbols);
+  return graph::make_symbol("concat", axis_attrs(axis), symbols);
+}
+template <symbol_like X>
+Symbol broadcast_to(X&& x, const Shape& shape) {
+  return graph::make_symbol("broadcast_to", reshape_attrs(shape), {to_symbol(x)});
 }
 template <symbol_like X>
 Symbol flatten(X&& x) {
@@ -300,18 +301,9 @@ Symbol dropout(X&& x, double rate) {
 }
 
 namespace graph::detail {
-inline std::string attr_text(Size2d s) { return graph::attr_text(std::vector<std::int64_t>{s.h, s.w}); }
-
 inline Symbol pool2d(std::string type, bool global, const Symbol& x, Size2d kernel, Size2d stride, Size2d padding,
                      bool count_include_pad) {
-  return make_symbol("pool2d",
-                     {{"kernel", attr_text(kernel)},
-                      {"stride", attr_text(stride)},
-                      {"pad", attr_text(padding)},
-                      {"pool_type", std::move(type)},
-                      {"global_pool", graph::attr_text(global)},
-                      {"count_include_pad", graph::attr_text(count_include_pad)}},
-                     {x});
+  return make_symbol("pool2d", pool2d_attrs(std::move(type), global, kernel, stride, padding, count_include_pad), {x});
 }
 }  // namespace graph::detail
 
@@ -320,22 +312,11 @@ inline Symbol pool2d(std::string type, bool global, const Symbol& x, Size2d kern
 template <symbol_like X>
 Symbol conv2d(X&& x, const Symbol& weight, const Symbol& bias = {}, Size2d stride = 1, Size2d padding = 0,
               Size2d dilation = 1, std::int64_t groups = 1) {
-  const Shape& w = weight.require("conv2d").shape();
-  if (w.size() != 4)
-    fail<ShapeError>("conv2d: weight of shape ", to_string(w),
-                     " is not 4-d (filters, channels / groups, kernel height, kernel width)");
-  namespace gd = graph::detail;
+  graph::Attrs attrs =
+      conv2d_attrs(weight.require("conv2d").shape(), stride, padding, dilation, groups, bias.defined());
   std::vector<Symbol> in{to_symbol(x), weight};
   if (bias.defined()) in.push_back(bias);
-  return graph::make_symbol("conv2d",
-                            {{"kernel", gd::attr_text(Size2d(w[2], w[3]))},
-                             {"stride", gd::attr_text(stride)},
-                             {"pad", gd::attr_text(padding)},
-                             {"dilate", gd::attr_text(dilation)},
-                             {"num_group", graph::attr_text(groups)},
-                             {"num_filter", graph::attr_text(w[0])},
-                             {"no_bias", graph::attr_text(!bias.defined())}},
-                            std::move(in));
+  return graph::make_symbol("conv2d", std::move(attrs), std::move(in));
 }
 template <symbol_like X>
 Symbol max_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0) {
@@ -356,7 +337,7 @@ Symbol global_max_pool2d(X&& x) {
 template <symbol_like X>
 Symbol batch_norm(X&& x, const Symbol& gamma, const Symbol& beta, const Symbol& running_mean,
                   const Symbol& running_var, double eps = 1e-5, std::int64_t axis = 1) {
-  return graph::make_symbol("batch_norm", {{"eps", graph::attr_text(eps)}, {"axis", graph::attr_text(axis)}},
+  return graph::make_symbol("batch_norm", batch_norm_attrs(eps, axis),
                             {to_symbol(x), gamma, beta, running_mean, running_var});
 }
 

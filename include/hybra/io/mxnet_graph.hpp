@@ -381,6 +381,16 @@ inline std::vector<OpRow> op_rows() {
                          return r.make("astype", {{"dtype", *d}});
                        }});
   rows.push_back(pass_through("flatten", {"Flatten", "flatten"}));
+  rows.push_back(OpRow{"broadcast_to", {"broadcast_to"},
+                       [](const Writing& w) { return keep_all(w, "broadcast_to", {{"shape", w.attr("shape")}}); },
+                       [](const Reading& r) {
+                         r.arity(1, 1);
+                         auto shape = r.tuple("shape");
+                         if (!shape) r.reject("attr 'shape' is missing");
+                         for (auto d : *shape)
+                           if (d <= 0) r.reject("MXNet's 0 (keep this dimension) in 'shape' is not supported");
+                         return r.make("broadcast_to", {{"shape", graph::attr_text(*shape)}});
+                       }});
   rows.push_back(OpRow{"fully_connected", {"FullyConnected"},
                        [](const Writing& w) {
                          const auto& weight = w.input(1).meta.shape;

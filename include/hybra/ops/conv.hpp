@@ -799,6 +799,35 @@ inline Tensor batch_norm_op(Tensor x, const Tensor& gamma, const Tensor& beta, c
 
 }  // namespace detail::nn
 
+// The ops' node attributes, as MXNet's Convolution, Pooling and BatchNorm
+// name them (graph/registry.hpp reads them back).
+inline std::string size2d_text(Size2d s) { return graph::attr_text(std::vector<std::int64_t>{s.h, s.w}); }
+inline graph::Attrs conv2d_attrs(const Shape& weight, Size2d stride, Size2d padding, Size2d dilation,
+                                 std::int64_t groups, bool has_bias) {
+  if (weight.size() != 4)
+    fail<ShapeError>("conv2d: weight of shape ", to_string(weight),
+                     " is not 4-d (filters, channels / groups, kernel height, kernel width)");
+  return {{"kernel", size2d_text(Size2d(weight[2], weight[3]))},
+          {"stride", size2d_text(stride)},
+          {"pad", size2d_text(padding)},
+          {"dilate", size2d_text(dilation)},
+          {"num_group", graph::attr_text(groups)},
+          {"num_filter", graph::attr_text(weight[0])},
+          {"no_bias", graph::attr_text(!has_bias)}};
+}
+inline graph::Attrs pool2d_attrs(std::string type, bool global, Size2d kernel, Size2d stride, Size2d padding,
+                                 bool count_include_pad) {
+  return {{"kernel", size2d_text(kernel)},
+          {"stride", size2d_text(stride)},
+          {"pad", size2d_text(padding)},
+          {"pool_type", std::move(type)},
+          {"global_pool", graph::attr_text(global)},
+          {"count_include_pad", graph::attr_text(count_include_pad)}};
+}
+inline graph::Attrs batch_norm_attrs(double eps, std::int64_t axis) {
+  return {{"eps", graph::attr_text(eps)}, {"axis", graph::attr_text(axis)}};
+}
+
 // MXNet's Convolution, NCHW: x (N, C, H, W), weight (F, C / groups, KH, KW),
 // bias (F,) or an empty Tensor for none; out (N, F, OH, OW) with OH =
 // floor((H + 2 padding - dilation (KH - 1) - 1) / stride) + 1 (and OW alike).
@@ -807,7 +836,12 @@ inline Tensor batch_norm_op(Tensor x, const Tensor& gamma, const Tensor& beta, c
 template <tensor_like X>
 Tensor conv2d(X&& x, const Tensor& weight, const Tensor& bias = {}, Size2d stride = 1, Size2d padding = 0,
               Size2d dilation = 1, std::int64_t groups = 1) {
-  return detail::nn::conv2d_op(eval(x), weight, bias, stride, padding, dilation, groups);
+  Tensor data = eval(x);
+  autograd::op_record rec("conv2d", bias.defined() ? std::vector<Tensor>{data, weight, bias}
+                                                   : std::vector<Tensor>{data, weight});
+  return rec.output(detail::nn::conv2d_op(data, weight, bias, stride, padding, dilation, groups), [&] {
+    return conv2d_attrs(weight.shape(), stride, padding, dilation, groups, bias.defined());
+  });
 }
 
 // MXNet's Pooling (pooling_convention "valid": OH = floor((H + 2 padding -
@@ -816,20 +850,32 @@ Tensor conv2d(X&& x, const Tensor& weight, const Tensor& bias = {}, Size2d strid
 // elements it holds. The padding must be smaller than the kernel.
 template <tensor_like X>
 Tensor max_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0) {
-  return detail::nn::pool2d_op<true>("max_pool2d", eval(x), kernel, stride, padding, true);
+  Tensor data = eval(x);
+  autograd::op_record rec("pool2d", {data});
+  return rec.output(detail::nn::pool2d_op<true>("max_pool2d", data, kernel, stride, padding, true),
+                    [&] { return pool2d_attrs("max", false, kernel, stride, padding, true); });
 }
 template <tensor_like X>
 Tensor avg_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0, bool count_include_pad = true) {
-  return detail::nn::pool2d_op<false>("avg_pool2d", eval(x), kernel, stride, padding, count_include_pad);
+  Tensor data = eval(x);
+  autograd::op_record rec("pool2d", {data});
+  return rec.output(detail::nn::pool2d_op<false>("avg_pool2d", data, kernel, stride, padding, count_include_pad),
+                    [&] { return pool2d_attrs("avg", false, kernel, stride, padding, count_include_pad); });
 }
 // Over each whole (H, W) plane: (N, C, H, W) -> (N, C, 1, 1).
 template <tensor_like X>
 Tensor global_avg_pool2d(X&& x) {
-  return detail::nn::global_pool2d_op<false>("global_avg_pool2d", eval(x));
+  Tensor data = eval(x);
+  autograd::op_record rec("pool2d", {data});
+  return rec.output(detail::nn::global_pool2d_op<false>("global_avg_pool2d", data),
+                    [] { return pool2d_attrs("avg", true, 1, 1, 0, true); });
 }
 template <tensor_like X>
 Tensor global_max_pool2d(X&& x) {
-  return detail::nn::global_pool2d_op<true>("global_max_pool2d", eval(x));
+  Tensor data = eval(x);
+  autograd::op_record rec("pool2d", {data});
+  return rec.output(detail::nn::global_pool2d_op<true>("global_max_pool2d", data),
+                    [] { return pool2d_attrs("max", true, 1, 1, 0, true); });
 }
 
 // MXNet's BatchNorm in its inference form, along `axis` (1: NCHW's channels):
@@ -839,7 +885,10 @@ Tensor global_max_pool2d(X&& x) {
 template <tensor_like X>
 Tensor batch_norm(X&& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean, const Tensor& running_var,
                   double eps = 1e-5, std::int64_t axis = 1) {
-  return detail::nn::batch_norm_op(eval(x), gamma, beta, running_mean, running_var, eps, axis);
+  Tensor data = eval(x);
+  autograd::op_record rec("batch_norm", {data, gamma, beta, running_mean, running_var});
+  return rec.output(detail::nn::batch_norm_op(data, gamma, beta, running_mean, running_var, eps, axis),
+                    [&] { return batch_norm_attrs(eps, axis); });
 }
 
 }  // namespace hybra

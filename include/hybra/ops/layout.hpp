@@ -11,6 +11,18 @@
 
 namespace hybra {
 
+// The layout ops' node attributes (graph/registry.hpp reads them back).
+inline graph::Attrs axis_attrs(std::int64_t axis) { return {{"axis", graph::attr_text(axis)}}; }
+inline graph::Attrs reshape_attrs(const Shape& shape) { return {{"shape", graph::attr_text(shape)}}; }
+inline graph::Attrs transpose_attrs(std::optional<std::vector<std::int64_t>> axes) {
+  return {{"axis", graph::attr_text(axes)}};
+}
+inline graph::Attrs slice_attrs(std::int64_t axis, std::optional<std::int64_t> begin, std::optional<std::int64_t> end,
+                                std::int64_t step) {
+  return {{"axis", graph::attr_text(axis)}, {"begin", graph::attr_text(begin)}, {"end", graph::attr_text(end)},
+          {"step", graph::attr_text(step)}};
+}
+
 namespace detail {
 // Checks an axis against a shape; the message names the op and the shape.
 inline int checked_axis(std::int64_t axis, const Shape& shape, std::string_view op) {
@@ -31,6 +43,8 @@ template <tensor_like X>
 Tensor reshape(X&& x_in, const Shape& shape) {
   Tensor x = eval(x_in);
   x.require("reshape");
+  autograd::op_record rec("reshape", {x});
+  auto attrs = [&] { return reshape_attrs(shape); };
   const std::int64_t n = x.size();
   auto mismatch = [&](const char* why) {
     fail<ShapeError>("reshape: cannot reshape a tensor of shape ", to_string(x.shape()), " (", n,
@@ -54,8 +68,8 @@ Tensor reshape(X&& x_in, const Shape& shape) {
   } else if (known != n) {
     mismatch("");
   }
-  if (x.is_contiguous()) return x.view(out, contiguous_strides(out), x.offset());
-  return x.copy().view(out, contiguous_strides(out), 0);
+  if (x.is_contiguous()) return rec.output(x.view(out, contiguous_strides(out), x.offset()), attrs);
+  return rec.output(x.copy().view(out, contiguous_strides(out), 0), attrs);
 }
 
 // A view with its axes permuted: result axis i is input axis axes[i].
@@ -63,6 +77,7 @@ template <tensor_like X>
 Tensor transpose(X&& x_in, const std::vector<std::int64_t>& axes) {
   Tensor x = eval(x_in);
   x.require("transpose");
+  autograd::op_record rec("transpose", {x});
   const Shape& shape = x.shape();
   auto bad = [&] {
     fail<AxisError>("transpose: axes ", detail::axes_string(axes), " are not a permutation of the axes of shape ",
@@ -81,7 +96,7 @@ Tensor transpose(X&& x_in, const std::vector<std::int64_t>& axes) {
     out_shape[i] = shape[a];
     out_strides[i] = x.strides()[a];
   }
-  return x.view(out_shape, out_strides, x.offset());
+  return rec.output(x.view(out_shape, out_strides, x.offset()), [&] { return transpose_attrs(axes); });
 }
 
 // Reverses the axes (a matrix's transpose).
@@ -101,6 +116,7 @@ Tensor slice(X&& x_in, std::int64_t axis, std::optional<std::int64_t> begin, std
              std::int64_t step = 1) {
   Tensor x = eval(x_in);
   x.require("slice");
+  autograd::op_record rec("slice", {x});
   const int ax = detail::checked_axis(axis, x.shape(), "slice");
   if (step == 0) fail<ValueError>("slice: step must not be zero (axis ", axis, " of shape ", to_string(x.shape()), ")");
   const std::int64_t n = x.shape()[ax];
@@ -125,7 +141,31 @@ Tensor slice(X&& x_in, std::int64_t axis, std::optional<std::int64_t> begin, std
   Strides strides = x.strides();
   shape[ax] = len;
   if (len > 1) strides[ax] *= step;
-  return x.view(shape, strides, len > 0 ? x.offset() + b * x.strides()[ax] : x.offset());
+  return rec.output(x.view(shape, strides, len > 0 ? x.offset() + b * x.strides()[ax] : x.offset()), [&] { return slice_attrs(axis, begin, end, step); });
+}
+
+
+// x repeated along its size-1 (or missing leading) axes to `shape`, as
+// NumPy's broadcast_to: a view that reads each element many times (stride 0),
+// so nothing is copied; ops read it like any other view.
+template <tensor_like X>
+Tensor broadcast_to(X&& x_in, const Shape& shape) {
+  Tensor x = eval(x_in);
+  x.require("broadcast_to");
+  autograd::op_record rec("broadcast_to", {x});
+  if (broadcast_shapes(x.shape(), shape, "broadcast_to") != shape)
+    fail<ShapeError>("broadcast_to: a tensor of shape ", to_string(x.shape()), " cannot be broadcast to shape ",
+                     to_string(shape));
+  return rec.output(x.view(shape, detail::broadcast_strides(x, shape), x.offset()), [&] { return reshape_attrs(shape); });
+}
+
+// The gradient of slice: zeros of the sliced tensor's shape with dy written
+// where the slice read.
+inline Tensor slice_backward(const Tensor& dy, const Shape& shape, std::int64_t axis, std::optional<std::int64_t> begin,
+                             std::optional<std::int64_t> end, std::int64_t step) {
+  Tensor dx = zeros(shape, dy.require("slice_backward").dtype(), dy.device());
+  slice(dx, axis, begin, end, step).assign(dy);
+  return dx;
 }
 
 // Joins tensors along an existing axis. Extents must match on every other
@@ -134,6 +174,7 @@ inline Tensor concat(const std::vector<Tensor>& tensors, std::int64_t axis = 0) 
   if (tensors.empty()) fail<ValueError>("concat: needs at least one tensor");
   for (const auto& t : tensors) t.require("concat");
   const Tensor& first = tensors.front();
+  autograd::op_record rec("concat", tensors);
   if (first.ndim() == 0) fail<ShapeError>("concat: a 0-d tensor (shape ()) cannot be concatenated");
   const int ax = detail::checked_axis(axis, first.shape(), "concat");
   Shape out_shape = first.shape();
@@ -156,7 +197,7 @@ inline Tensor concat(const std::vector<Tensor>& tensors, std::int64_t axis = 0) 
     out.view(t.shape(), out.strides(), at * out.strides()[ax]).assign(t);
     at += t.shape()[ax];
   }
-  return out;
+  return rec.output(out, [&] { return axis_attrs(axis); });
 }
 
 }  // namespace hybra

@@ -182,6 +182,7 @@ Tensor matmul(A&& a_in, B&& b_in) {
   Tensor a = eval(a_in), b = eval(b_in);
   a.require("matmul");
   b.require("matmul");
+  autograd::op_record rec("matmul", {a, b});
   const Shape sa = a.shape(), sb = b.shape();
   if (sa.empty() || sb.empty())
     fail<ShapeError>("matmul: shapes ", to_string(sa), " and ", to_string(sb),
@@ -214,7 +215,7 @@ Tensor matmul(A&& a_in, B&& b_in) {
       la::product<T>(a, b, batch, static_cast<T*>(out.raw_data()));
     });
   });
-  return out;
+  return rec.output(out);
 }
 
 // numpy.dot: with a 0-d operand, an elementwise product; otherwise a sum over
@@ -226,7 +227,8 @@ Tensor dot(A&& a_in, B&& b_in) {
   Tensor a = eval(a_in), b = eval(b_in);
   a.require("dot");
   b.require("dot");
-  if (a.ndim() == 0 || b.ndim() == 0) return eval(a * b);
+  autograd::op_record rec("dot", {a, b});
+  if (a.ndim() == 0 || b.ndim() == 0) return rec.output(eval(a * b));
   require_same_device("dot", a, b);
   const Shape sa = a.shape(), sb = b.shape();
   const std::int64_t K = sa.back(), kb = sb.size() == 1 ? sb[0] : sb[sb.size() - 2];
@@ -267,7 +269,7 @@ Tensor dot(A&& a_in, B&& b_in) {
       la::product<T>(a2, b2, Shape{}, static_cast<T*>(out.raw_data()));
     });
   });
-  return out;
+  return rec.output(out);
 }
 
 }  // namespace hybra

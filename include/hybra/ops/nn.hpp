@@ -17,8 +17,9 @@ template <tensor_like X>
 Tensor flatten(X&& x_in) {
   Tensor x = eval(x_in);
   x.require("flatten");
+  autograd::op_record rec("flatten", {x});
   if (x.ndim() == 0) fail<ShapeError>("flatten: a 0-d tensor (shape ()) has no batch axis");
-  return reshape(x, {x.shape()[0], x.shape()[0] == 0 ? 0 : -1});
+  return rec.output(reshape(x, {x.shape()[0], x.shape()[0] == 0 ? 0 : -1}));
 }
 
 namespace detail::nn {
@@ -50,6 +51,8 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
   Tensor x = eval(x_in);
   x.require("fully_connected");
   weight.require("fully_connected");
+  autograd::op_record rec("fully_connected", bias.defined() ? std::vector<Tensor>{x, weight, bias}
+                                                            : std::vector<Tensor>{x, weight});
   if (x.ndim() == 0) fail<ShapeError>("fully_connected: input of shape () has no batch axis");
   if (x.ndim() != 2) x = flatten(x);
   if (weight.ndim() != 2 || weight.shape()[1] != x.shape()[1])
@@ -78,7 +81,7 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
                           x.shape()[0], x.shape()[1], w.shape()[0]);
     });
   });
-  return out;
+  return rec.output(out);
 }
 
 // MXNet's Activation: act_type relu, sigmoid, tanh or softrelu (log(1 + e^x)).

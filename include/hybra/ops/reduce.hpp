@@ -359,28 +359,45 @@ class Axes {
   std::optional<std::vector<std::int64_t>> list_;
 };
 
+// A reduction's node attributes (graph/registry.hpp reads them back).
+inline graph::Attrs reduce_attrs(const Axes& axes, bool keepdims) {
+  return {{"axis", graph::attr_text(axes.list())}, {"keepdims", graph::attr_text(keepdims)}};
+}
+
 // Sum; integers sum to int64, floats keep their dtype; an empty sum is 0.
 template <tensor_like X>
-Tensor sum(X&& x, const Axes& axes = {}, bool keepdims = false) {
-  return detail::reduce::reduce<detail::reduce::kind::sum>(eval(x), axes.list(), keepdims, "sum");
+Tensor sum(X&& x_in, const Axes& axes = {}, bool keepdims = false) {
+  Tensor x = eval(x_in);
+  autograd::op_record rec("sum", {x});
+  return rec.output(detail::reduce::reduce<detail::reduce::kind::sum>(x, axes.list(), keepdims, "sum"),
+                    [&] { return reduce_attrs(axes, keepdims); });
 }
 
 // Mean; integers give float32. An empty mean is NaN.
 template <tensor_like X>
-Tensor mean(X&& x, const Axes& axes = {}, bool keepdims = false) {
-  return detail::reduce::reduce<detail::reduce::kind::mean>(eval(x), axes.list(), keepdims, "mean");
+Tensor mean(X&& x_in, const Axes& axes = {}, bool keepdims = false) {
+  Tensor x = eval(x_in);
+  autograd::op_record rec("mean", {x});
+  return rec.output(detail::reduce::reduce<detail::reduce::kind::mean>(x, axes.list(), keepdims, "mean"),
+                    [&] { return reduce_attrs(axes, keepdims); });
 }
 
 // Maximum, in x's dtype; NaN wins. Reducing an empty axis is a ValueError.
 template <tensor_like X>
-Tensor max(X&& x, const Axes& axes = {}, bool keepdims = false) {
-  return detail::reduce::reduce<detail::reduce::kind::max>(eval(x), axes.list(), keepdims, "max");
+Tensor max(X&& x_in, const Axes& axes = {}, bool keepdims = false) {
+  Tensor x = eval(x_in);
+  autograd::op_record rec("max", {x});
+  return rec.output(detail::reduce::reduce<detail::reduce::kind::max>(x, axes.list(), keepdims, "max"),
+                    [&] { return reduce_attrs(axes, keepdims); });
 }
 
 // Minimum, in x's dtype; NaN wins. Reducing an empty axis is a ValueError.
 template <tensor_like X>
-Tensor min(X&& x, const Axes& axes = {}, bool keepdims = false) {
-  return detail::reduce::reduce<detail::reduce::kind::min>(eval(x), axes.list(), keepdims, "min");
+Tensor min(X&& x_in, const Axes& axes = {}, bool keepdims = false) {
+  Tensor x = eval(x_in);
+  autograd::op_record rec("min", {x});
+  return rec.output(detail::reduce::reduce<detail::reduce::kind::min>(x, axes.list(), keepdims, "min"),
+                    [&] { return reduce_attrs(axes, keepdims); });
 }
 
 // int64 index of the first maximum along `axis`, or into the flattened

@@ -119,14 +119,18 @@ Tensor run(Tensor x, std::int64_t axis, std::string_view op) {
 
 // exp(x) / sum(exp(x)) along `axis`.
 template <tensor_like X>
-Tensor softmax(X&& x, std::int64_t axis = -1) {
-  return detail::softmax::run<false>(eval(x), axis, "softmax");
+Tensor softmax(X&& x_in, std::int64_t axis = -1) {
+  Tensor x = eval(x_in);
+  autograd::op_record rec("softmax", {x});
+  return rec.output(detail::softmax::run<false>(x, axis, "softmax"), [&] { return axis_attrs(axis); });
 }
 
 // log(softmax(x)) along `axis`, without forming softmax(x).
 template <tensor_like X>
-Tensor log_softmax(X&& x, std::int64_t axis = -1) {
-  return detail::softmax::run<true>(eval(x), axis, "log_softmax");
+Tensor log_softmax(X&& x_in, std::int64_t axis = -1) {
+  Tensor x = eval(x_in);
+  autograd::op_record rec("log_softmax", {x});
+  return rec.output(detail::softmax::run<true>(x, axis, "log_softmax"), [&] { return axis_attrs(axis); });
 }
 
 }  // namespace hybra
