@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../autograd/backward.hpp"
 #include "../graph/passes.hpp"
 #include "../io/mxnet_graph.hpp"
 #include "../io/ndarray_list.hpp"
@@ -45,6 +46,34 @@ inline std::string fresh_prefix(const std::string& class_name) {
   return class_name + std::to_string(count[class_name]++) + "_";
 }
 }  // namespace detail
+
+namespace detail {
+// A parameter that the forward itself updates rather than training (BatchNorm's
+// running statistics): target = momentum * target + (1 - momentum) * value.
+struct StateUpdate {
+  Parameter target;
+  Symbol value;
+  double momentum;
+};
+// The updates of the forward being captured (HybridBase::capture).
+inline thread_local std::vector<StateUpdate>* captured_updates = nullptr;
+}  // namespace detail
+
+// What a layer calls in training mode to move a state parameter towards a
+// value of this batch. Eagerly it updates the parameter's copy on the
+// forward's device at once; while a graph is captured the value becomes an
+// extra output of the graph, and each call of the plan applies the update.
+// Neither is recorded by autograd.
+template <class F>
+void update_state(const Parameter& target, const F& value, double momentum) {
+  if constexpr (std::is_same_v<F, Tensor>) {
+    autograd::pause not_recorded(true);
+    Tensor t = target.data(value.device());
+    t.assign(t * momentum + value.detach() * (1 - momentum));
+  } else if (detail::captured_updates) {
+    detail::captured_updates->push_back(detail::StateUpdate{target, value, momentum});
+  }
+}
 
 class Block {
  public:
@@ -69,7 +98,10 @@ class Block {
                      "children run eagerly)");
   }
 
-  Tensor operator()(const Tensor& x) { return call(x); }
+  Tensor operator()(const Tensor& x) {
+    detail::forward_device_scope on(x.require(name().c_str()).device());
+    return call(x);
+  }
   Symbol operator()(const Symbol& x) { return forward(x); }
 
   // `hybridsequential0_dense1_`; name() is the prefix without its underscore.
@@ -145,6 +177,11 @@ class Block {
   void initialize(const Initializer& init = init::Uniform(), Device device = cpu(), bool force_reinit = false,
                   Generator& gen = default_generator()) {
     collect_params().initialize(init, device, gen, force_reinit);
+  }
+  // Data parallelism: a copy of every parameter on each device (equal values).
+  void initialize(const Initializer& init, const std::vector<Device>& devices, bool force_reinit = false,
+                  Generator& gen = default_generator()) {
+    collect_params().initialize(init, devices, gen, force_reinit);
   }
   // Hybridizes every HybridBlock in this tree (plain Blocks stay eager).
   virtual void hybridize(bool active = true) {
@@ -235,7 +272,10 @@ class HybridBase : public Block {
   // optimisation, so any program that imports it re-optimises it for itself.
   void export_model(const std::string& path, int epoch = 0) const {
     const Captured& c = last_captured("export_model");
-    io::MxnetExport ex = io::to_mxnet(c.graph, input_names(), prefix());
+    graph::Graph user_graph = c.graph;  // without the state updates' outputs
+    user_graph.outputs.resize(c.outputs);
+    user_graph = graph::eliminate_dead_code(user_graph);
+    io::MxnetExport ex = io::to_mxnet(user_graph, input_names(), prefix());
     std::vector<std::pair<std::string, Tensor>> arrays;
     const auto vars = c.graph.vars();
     for (bool aux : {false, true}) {
@@ -276,8 +316,14 @@ class HybridBase : public Block {
     }
     std::vector<Tensor> values(last_->sources.size());
     for (std::size_t k = 0; k < values.size(); ++k)
-      values[k] = last_->sources[k].parameter ? last_->sources[k].parameter->data() : in[last_->sources[k].input];
-    return last_->plan(std::move(values));
+      values[k] = last_->sources[k].parameter ? last_->sources[k].parameter->data(in.front().device())
+                                              : in[last_->sources[k].input];
+    std::vector<bool> wanted(values.size());
+    bool recorded = false;
+    if (autograd::is_recording())
+      for (std::size_t k = 0; k < values.size(); ++k) recorded |= wanted[k] = autograd::requires_grad(values[k]);
+    if (!recorded) return apply_updates(*last_, last_->plan(std::move(values)));
+    return call_recorded(*last_, std::move(values), wanted);
   }
 
  private:
@@ -292,14 +338,29 @@ class HybridBase : public Block {
     std::optional<Parameter> parameter;
     std::size_t input = 0;
   };
+  // A captured graph's forward that keeps what its backward reads, and that
+  // backward, compiled (autograd::training_graphs); one per set of vars that
+  // need gradients.
+  struct Training {
+    jit::CpuPlan forward, backward;
+    std::size_t outputs;
+    // Per var of the backward plan: a forward var (k), a saved value
+    // (saved_base + k) or an output's gradient (head_base + k).
+    std::vector<std::size_t> binding;
+    std::size_t saved_base, head_base;
+  };
   struct Captured {
     std::vector<Shape> shapes;
     std::vector<DType> dtypes;
     Device device;
     bool training;
-    graph::Graph graph;  // as the forward built it (what export_model writes)
+    // As the forward built it (what export_model writes): its outputs, then the state updates' values.
+    graph::Graph graph;
+    std::size_t outputs;
+    std::vector<std::pair<Parameter, double>> updates;  // target and momentum, per extra output
     jit::CpuPlan plan;
     std::vector<Source> sources;  // per graph var
+    std::map<std::vector<bool>, std::shared_ptr<const Training>> training_plans;
 
     bool matches(std::span<const Tensor> in, bool mode) const {
       if (in.size() != shapes.size() || mode != training || in.front().device() != device) return false;
@@ -323,11 +384,25 @@ class HybridBase : public Block {
       fail<ValueError>("block '", name(), "' takes ", names.size(), " inputs (", list, "), not ", in.size());
     }
     std::vector<Symbol> outs;
+    std::vector<detail::StateUpdate> updates;
     {
       autograd::mode_scope mode(training);
       std::vector<Symbol> vars;
       for (std::size_t k = 0; k < in.size(); ++k) vars.push_back(sym::var(names[k], in[k].shape(), in[k].dtype()));
-      outs = forward_all(vars);
+      auto* outer = std::exchange(detail::captured_updates, &updates);
+      try {
+        outs = forward_all(vars);
+      } catch (...) {
+        detail::captured_updates = outer;
+        throw;
+      }
+      detail::captured_updates = outer;
+    }
+    const std::size_t outputs = outs.size();
+    std::vector<std::pair<Parameter, double>> targets;
+    for (const auto& u : updates) {
+      outs.push_back(u.value);
+      targets.emplace_back(u.target, u.momentum);
     }
     graph::Graph g = graph::trace(outs);
     const ParameterDict params = collect_params();
@@ -351,7 +426,73 @@ class HybridBase : public Block {
     }
     jit::CpuPlan plan(graph::optimize(g), in.front().device(), training, "hybridized " + name());
     return std::make_unique<Captured>(Captured{std::move(shapes), std::move(dtypes), in.front().device(), training,
-                                               std::move(g), std::move(plan), std::move(sources)});
+                                               std::move(g), outputs, std::move(targets), std::move(plan),
+                                               std::move(sources)});
+  }
+
+  std::shared_ptr<const Training> training_plan(Captured& c, const std::vector<bool>& wanted) const {
+    auto& slot = c.training_plans[wanted];
+    if (slot) return slot;
+    autograd::TrainingGraphs graphs = autograd::training_graphs(c.graph, wanted, c.outputs);
+    jit::CpuPlan forward(graph::optimize(graphs.forward), c.device, c.training, "hybridized " + name() + " (recording)");
+    jit::CpuPlan backward(graph::optimize(graphs.backward), c.device, c.training, "backward of hybridized " + name());
+    const std::size_t vars = c.sources.size(), outputs = c.graph.outputs.size();  // with the state updates
+    std::vector<std::size_t> binding;
+    for (int v : backward.graph().vars()) {
+      const std::string& var = backward.graph().nodes[static_cast<std::size_t>(v)].name;
+      std::size_t at = 0;
+      if (var.starts_with("saved")) {
+        at = vars + std::stoul(var.substr(5));
+      } else if (var.starts_with("head_grad")) {
+        at = vars + graphs.saved + std::stoul(var.substr(9));
+      } else {
+        const auto forward_vars = c.graph.vars();
+        while (at < vars && c.graph.nodes[static_cast<std::size_t>(forward_vars[at])].name != var) ++at;
+      }
+      binding.push_back(at);
+    }
+    slot = std::make_shared<const Training>(
+        Training{std::move(forward), std::move(backward), outputs, std::move(binding), vars, vars + graphs.saved});
+    return slot;
+  }
+
+  // Applies a plan's state updates (its outputs after the graph's own) and
+  // returns the graph's own outputs.
+  std::vector<Tensor> apply_updates(const Captured& c, std::vector<Tensor> results) const {
+    if (c.updates.empty()) return results;
+    autograd::pause not_recorded(true);
+    for (std::size_t k = 0; k < c.updates.size(); ++k) {
+      const auto& [target, momentum] = c.updates[k];
+      Tensor t = target.data(c.device);
+      t.assign(t * momentum + results[c.outputs + k] * (1 - momentum));
+    }
+    results.resize(c.outputs);
+    return results;
+  }
+
+  // A hybridized call under autograd::record: the forward that keeps what
+  // the backward reads, recorded as one node whose rule is the compiled
+  // backward.
+  std::vector<Tensor> call_recorded(Captured& c, std::vector<Tensor> values, const std::vector<bool>& wanted) {
+    std::shared_ptr<const Training> t = training_plan(c, wanted);
+    std::vector<Tensor> results = t->forward(values);
+    std::vector<Tensor> outputs =
+        apply_updates(c, std::vector<Tensor>(results.begin(), results.begin() + static_cast<std::ptrdiff_t>(t->outputs)));
+    // Everything the backward binds, in binding order: vars, saved values, then (at call time) head gradients.
+    std::vector<Tensor> bound;
+    for (const auto& v : values) bound.push_back(v.detach());
+    bound.insert(bound.end(), results.begin() + static_cast<std::ptrdiff_t>(t->outputs), results.end());
+    auto backward = [t, bound, wanted](std::span<const Tensor> output_grads) {
+      std::vector<Tensor> in;
+      for (std::size_t at : t->binding)
+        in.push_back(at < t->head_base ? bound[at] : output_grads[at - t->head_base]);
+      std::vector<Tensor> grads = t->backward(std::move(in)), out(wanted.size());
+      for (std::size_t k = 0, next = 0; k < wanted.size(); ++k)
+        if (wanted[k]) out[k] = grads[next++];
+      return out;
+    };
+    autograd::record_node("hybridized " + name(), {}, std::move(values), {}, outputs, std::move(backward));
+    return outputs;
   }
 
   bool active_ = false;

@@ -140,10 +140,12 @@ class GlobalMaxPool2D : public HybridBlock<GlobalMaxPool2D> {
   }
 };
 
-// Batch normalisation along `axis`, in its inference form: y = (x -
-// running_mean) / sqrt(running_var + epsilon) * gamma + beta. It uses the
-// running statistics in training mode too, until autograd brings batch
-// statistics (and their update with `momentum`). gamma starts at ones, beta
+// Batch normalisation along `axis`. Predicting: y = (x - running_mean) /
+// sqrt(running_var + epsilon) * gamma + beta. Training (autograd::record or
+// train_mode): the batch's own mean and (biased) variance over every axis but
+// `axis` take the running statistics' place, and each call moves the running
+// statistics towards them: running = momentum * running + (1 - momentum) *
+// batch (MXNet's rule), eagerly or from a captured graph. gamma starts at ones, beta
 // and running_mean at zeros, running_var at ones; the running statistics
 // have grad_req "null", as have gamma without `scale` and beta without
 // `center` (Gluon's fixed gamma and beta). in_channels = 0 (the default)
@@ -175,7 +177,19 @@ class BatchNorm : public HybridBlock<BatchNorm> {
     const int a = hybra::detail::checked_axis(axis_, x.shape(), "block '" + name() + "'");
     const Shape channels{x.shape()[static_cast<std::size_t>(a)]};
     for (Parameter* p : {&gamma_, &beta_, &running_mean_, &running_var_}) p->complete_shape(channels);
-    return batch_norm(x, gamma_.as<F>(), beta_.as<F>(), running_mean_.as<F>(), running_var_.as<F>(), epsilon_, axis_);
+    if (!autograd::is_training())
+      return batch_norm(x, gamma_.as<F>(), beta_.as<F>(), running_mean_.as<F>(), running_var_.as<F>(), epsilon_, axis_);
+    std::vector<std::int64_t> others;
+    Shape channel(x.shape().size(), 1);
+    channel[static_cast<std::size_t>(a)] = channels[0];
+    for (std::int64_t d = 0; d < x.ndim(); ++d)
+      if (d != a) others.push_back(d);
+    const F batch_mean = mean(x, others, true);
+    const F centred = x - batch_mean;
+    const F batch_var = mean(F(centred * centred), others, true);
+    update_state(running_mean_, reshape(batch_mean, channels), momentum_);
+    update_state(running_var_, reshape(batch_var, channels), momentum_);
+    return F(centred / sqrt(batch_var + epsilon_) * reshape(gamma_.as<F>(), channel) + reshape(beta_.as<F>(), channel));
   }
 
   double momentum() const { return momentum_; }

@@ -6,6 +6,7 @@
 // completes the shape (deferred initialisation, as Gluon's).
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,24 @@
 #include "init.hpp"
 
 namespace hybra::nn {
+
+namespace detail {
+// The device of the tensor the running eager forward was called with
+// (Block::operator() sets it): the device whose copy of each parameter
+// Parameter::as<Tensor>() hands to the forward.
+inline thread_local std::optional<Device> forward_device;
+
+class forward_device_scope {
+ public:
+  explicit forward_device_scope(Device d) : saved_(forward_device) { forward_device = d; }
+  forward_device_scope(const forward_device_scope&) = delete;
+  forward_device_scope& operator=(const forward_device_scope&) = delete;
+  ~forward_device_scope() { forward_device = saved_; }
+
+ private:
+  std::optional<Device> saved_;
+};
+}  // namespace detail
 
 class Parameter {
  public:
@@ -32,43 +51,85 @@ class Parameter {
       if (d == 0) return false;
     return true;
   }
-  bool initialized() const { return s_->data.defined(); }
+  bool initialized() const { return !s_->copies.empty(); }
 
   // Whether training is to update this parameter, as Gluon's grad_req:
   // "write" (the default), "add" (gradients accumulate) or "null": an
   // auxiliary state that the forward computes (BatchNorm's running
-  // statistics) or a frozen parameter. Nothing trains yet; this is what
-  // autograd and model files will read.
+  // statistics) or a frozen parameter. Each copy of a parameter's value gets
+  // its gradient buffer (Tensor::attach_grad) as soon as it has a value.
   const std::string& grad_req() const { return s_->grad_req; }
   void set_grad_req(std::string req) {
-    if (req != "write" && req != "add" && req != "null")
-      fail<ValueError>("Parameter '", s_->name, "': grad_req '", req, "' is not write, add or null");
+    autograd::parse_grad_req(req, "Parameter '" + s_->name + "'");
     s_->grad_req = std::move(req);
+    attach_grads();
   }
 
+  // The value: the copy on the device of the running forward's input when
+  // there is one there, otherwise the first device's copy.
   Tensor data() const {
-    if (!s_->data.defined()) {
-      if (s_->pending)
-        fail<ValueError>("Parameter '", s_->name, "' has not been initialized yet: its shape ", to_string(s_->shape),
-                         " is completed by the first forward call");
-      fail<ValueError>("Parameter '", s_->name, "' has not been initialized; call initialize() on its block first");
-    }
-    return s_->data;
+    require_initialized();
+    if (detail::forward_device)
+      for (const auto& t : s_->copies)
+        if (t.device() == *detail::forward_device) return t;
+    return s_->copies.front();
+  }
+  // The copy on `device` (a parameter initialised on several devices has one on each).
+  Tensor data(Device device) const {
+    require_initialized();
+    for (const auto& t : s_->copies)
+      if (t.device() == device) return t;
+    std::ostringstream devices;
+    for (const auto& t : s_->copies) devices << ' ' << t.device();
+    fail<DeviceError>("Parameter '", s_->name, "' has no copy on ", device, " (it lives on", devices.str(),
+                      "); initialize its block on that device");
+  }
+  // Every device's copy, in the order initialize() was given the devices.
+  const std::vector<Tensor>& list_data() const {
+    require_initialized();
+    return s_->copies;
+  }
+  std::vector<Device> devices() const {
+    std::vector<Device> d;
+    for (const auto& t : s_->copies) d.push_back(t.device());
+    return d;
   }
 
-  // Replaces the value; the shape must match (unknown dims take the value's).
+  // The gradient the last backward pass left in the copy data() returns / on `device` / on every device.
+  Tensor grad() const { return require_gradient().data().grad(); }
+  Tensor grad(Device device) const { return require_gradient().data(device).grad(); }
+  std::vector<Tensor> list_grad() const {
+    std::vector<Tensor> g;
+    for (const auto& t : require_gradient().list_data()) g.push_back(t.grad());
+    return g;
+  }
+  void zero_grad() const {
+    if (s_->grad_req == "null") return;
+    for (Tensor g : list_grad()) g.assign(zeros(g.shape(), g.dtype(), g.device()));
+  }
+
+  // Replaces the value on every device it lives on (the first device's
+  // when it has none yet); the shape must match (unknown dims take the value's).
   void set_data(const Tensor& value) {
     complete_shape(value.require("set_data").shape());
-    s_->data = value.dtype() == s_->dtype ? value.contiguous() : value.astype(s_->dtype);
+    std::vector<Device> devices = this->devices();
+    if (devices.empty()) devices.push_back(value.device());
+    place(value.dtype() == s_->dtype ? value.contiguous() : value.astype(s_->dtype), devices);
     s_->pending.reset();
   }
 
   // Initialises with this parameter's own initialiser if it has one, else
-  // `fallback`; waits for the shape if it is not known yet.
-  void initialize(const Initializer& fallback, Device device, Generator& gen, bool force_reinit = false) {
+  // `fallback`, on the first device, and copies that value to the others
+  // (data-parallel replicas start equal); waits for the shape if it is not
+  // known yet.
+  void initialize(const Initializer& fallback, std::vector<Device> devices, Generator& gen, bool force_reinit = false) {
+    if (devices.empty()) fail<ValueError>("Parameter '", s_->name, "': initialize needs at least one device");
     if (initialized() && !force_reinit) return;
-    s_->pending = Pending{s_->init.value_or(fallback), device, &gen};
+    s_->pending = Pending{s_->init.value_or(fallback), std::move(devices), &gen};
     if (shape_known()) finish();
+  }
+  void initialize(const Initializer& fallback, Device device, Generator& gen, bool force_reinit = false) {
+    initialize(fallback, std::vector<Device>{device}, gen, force_reinit);
   }
 
   // Fills in the unknown (0) dims from `shape` and runs a waiting
@@ -83,7 +144,7 @@ class Parameter {
       s_->shape = shape;
       s_->symbol.reset();
     }
-    if (s_->pending && !s_->data.defined()) finish();
+    if (s_->pending && !initialized()) finish();
   }
 
   // The parameter as an operand of a forward written once for both modes:
@@ -110,7 +171,7 @@ class Parameter {
  private:
   struct Pending {
     Initializer init;
-    Device device;
+    std::vector<Device> devices;
     Generator* gen;
   };
   struct State {
@@ -118,15 +179,37 @@ class Parameter {
     Shape shape;
     DType dtype;
     std::optional<Initializer> init;
-    Tensor data;
+    std::vector<Tensor> copies;  // one per device
     std::optional<Pending> pending;
     std::optional<Symbol> symbol;
     std::string grad_req = "write";
   };
+
+  void require_initialized() const {
+    if (initialized()) return;
+    if (s_->pending)
+      fail<ValueError>("Parameter '", s_->name, "' has not been initialized yet: its shape ", to_string(s_->shape),
+                       " is completed by the first forward call");
+    fail<ValueError>("Parameter '", s_->name, "' has not been initialized; call initialize() on its block first");
+  }
+  const Parameter& require_gradient() const {
+    if (s_->grad_req == "null") fail<ValueError>("Parameter '", s_->name, "' has grad_req null: it has no gradient");
+    return *this;
+  }
+  void place(const Tensor& value, const std::vector<Device>& devices) {
+    s_->copies.clear();
+    for (Device d : devices) s_->copies.push_back(d == value.device() ? value.detach() : value.to(d).detach());
+    attach_grads();
+  }
+  void attach_grads() {
+    for (auto& t : s_->copies) {
+      if (s_->grad_req == "null") t.set_autograd_entry(nullptr);
+      else t.attach_grad(s_->grad_req);
+    }
+  }
   void finish() {
     auto& p = *s_->pending;
-    Tensor value = p.init(s_->shape, s_->dtype, p.device, *p.gen);
-    s_->data = value;
+    place(p.init(s_->shape, s_->dtype, p.devices.front(), *p.gen), p.devices);
     s_->pending.reset();
   }
 
@@ -158,7 +241,15 @@ class ParameterDict {
   // Every parameter's initialisation (see Parameter::initialize).
   void initialize(const Initializer& init = init::Uniform(), Device device = cpu(),
                   Generator& gen = default_generator(), bool force_reinit = false) {
-    for (auto& p : params_) p.initialize(init, device, gen, force_reinit);
+    initialize(init, std::vector<Device>{device}, gen, force_reinit);
+  }
+  // Data parallelism: a copy of each parameter on every device, all equal.
+  void initialize(const Initializer& init, const std::vector<Device>& devices, Generator& gen = default_generator(),
+                  bool force_reinit = false) {
+    for (auto& p : params_) p.initialize(init, devices, gen, force_reinit);
+  }
+  void zero_grad() const {
+    for (const auto& p : params_) p.zero_grad();
   }
 
  private:
