@@ -1,0 +1,452 @@
+// Optimizers (optim/): SGD and Adam against plain loops of MXNet's update
+// rules over several steps, per-index state, create() by name, operand
+// errors, in-place updates, and that an update queues its work without waiting.
+#include <hybra/optim/optimizer.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "reference.hpp"
+
+using namespace hybra;
+using optim::Adam;
+using optim::SGD;
+
+namespace {
+
+template <class T>
+std::vector<T> normal_values(std::size_t n, unsigned seed, double scale = 1) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> dist(0, scale);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(dist(gen));
+  return v;
+}
+
+// The hyperparameters, as the kernels use them: converted to the weight's type.
+template <class T>
+T clip(T g, double c) {
+  if (c <= 0) return g;
+  const T b = static_cast<T>(c);
+  return g > b ? b : (g < -b ? -b : g);
+}
+
+// MXNet's sgd_update / sgd_mom_update, element by element.
+template <class T>
+struct SgdLoop {
+  double lr, momentum, wd, rescale = 1, clip_gradient = 0;
+  std::vector<T> mom;
+
+  void step(std::vector<T>& w, const std::vector<T>& grad) {
+    if (mom.empty()) mom.assign(w.size(), T(0));
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const T g = clip(static_cast<T>(rescale) * grad[i], clip_gradient);
+      if (momentum == 0) {
+        w[i] = (T(1) - static_cast<T>(lr) * static_cast<T>(wd)) * w[i] - static_cast<T>(lr) * g;
+      } else {
+        mom[i] = static_cast<T>(momentum) * mom[i] - static_cast<T>(lr) * static_cast<T>(wd) * w[i] -
+                 static_cast<T>(lr) * g;
+        w[i] = w[i] + mom[i];
+      }
+    }
+  }
+};
+
+// MXNet's adam_update with the Python optimizer's bias correction.
+template <class T>
+struct AdamLoop {
+  double lr, beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8, wd = 0, rescale = 1, clip_gradient = 0;
+  std::vector<T> mean, var;
+  int t = 0;
+
+  void step(std::vector<T>& w, const std::vector<T>& grad) {
+    if (mean.empty()) mean.assign(w.size(), T(0)), var.assign(w.size(), T(0));
+    ++t;
+    const double lr_t = lr * std::sqrt(1 - std::pow(beta2, t)) / (1 - std::pow(beta1, t));
+    const T b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2);
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const T g = clip(static_cast<T>(rescale) * grad[i] + static_cast<T>(wd) * w[i], clip_gradient);
+      mean[i] = b1 * mean[i] + (T(1) - b1) * g;
+      var[i] = b2 * var[i] + (T(1) - b2) * g * g;
+      w[i] = w[i] - static_cast<T>(lr_t) * mean[i] / (std::sqrt(var[i]) + static_cast<T>(epsilon));
+    }
+  }
+};
+
+// Elementwise |got - want| <= atol + rtol * |want|, with float32 or float64 tolerances.
+template <class T>
+void check_close(const Tensor& got_t, const std::vector<T>& want, const char* what) {
+  const auto got = got_t.to_vector<T>();
+  REQUIRE(got.size() == want.size());
+  const double rtol = std::is_same_v<T, float> ? 1e-5 : 1e-12, atol = std::is_same_v<T, float> ? 1e-6 : 1e-14;
+  double worst = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double excess = std::abs(static_cast<double>(got[i]) - want[i]) - (atol + rtol * std::abs(static_cast<double>(want[i])));
+    if (excess > worst) worst = excess, at = i;
+  }
+  INFO(std::string(what), ": worst element ", at, " got ", got[at], " want ", want[at]);
+  CHECK(worst == 0);
+}
+
+template <class T>
+Tensor tensor_of(const std::vector<T>& v, const Shape& shape, Device device = cpu()) {
+  return array<T>(v, shape, device);
+}
+
+// Runs the global engine threaded within a scope, whatever HYBRA_ENGINE_TYPE says.
+class ThreadedEngine {
+ public:
+  ThreadedEngine() : saved_(engine::get().type()) { engine::get().set_type(engine::EngineType::threaded); }
+  ThreadedEngine(const ThreadedEngine&) = delete;
+  ThreadedEngine& operator=(const ThreadedEngine&) = delete;
+  ~ThreadedEngine() { engine::get().set_type(saved_); }
+
+ private:
+  engine::EngineType saved_;
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("optim: SGD matches MXNet's sgd_update / sgd_mom_update over several steps", T, float, double) {
+  struct Config {
+    double lr, momentum, wd, rescale, clip;
+  };
+  const Config configs[] = {
+      {0.1, 0, 0, 1, 0},          // plain SGD
+      {0.05, 0, 0.01, 0.25, 0.3}, // weight decay, rescaling, clipping, no state
+      {0.1, 0.9, 0, 1, 0},        // momentum
+      {0.05, 0.9, 0.01, 0.5, 0.3} // everything
+  };
+  for (const Shape& shape : {Shape{7, 33}, Shape{3, 40000}}) {
+    for (const auto& c : configs) {
+      CAPTURE(c.lr);
+      CAPTURE(c.momentum);
+      CAPTURE(c.wd);
+      CAPTURE(c.clip);
+      const auto n = static_cast<std::size_t>(checked_numel(shape));
+      std::vector<T> want = normal_values<T>(n, 1);
+      Tensor w = tensor_of(want, shape);
+      SGD sgd(c.lr, c.momentum, c.wd);
+      sgd.set_clip_gradient(c.clip);
+      SgdLoop<T> loop{c.lr, c.momentum, c.wd, c.rescale, c.clip, {}};
+      for (int step = 0; step < 6; ++step) {
+        if (step == 3) {  // a schedule: the next updates use the new rate
+          sgd.set_learning_rate(c.lr / 2);
+          loop.lr = c.lr / 2;
+        }
+        sgd.set_rescale_grad(c.rescale);  // as the Trainer does each step
+        const auto grad = normal_values<T>(n, 100 + step, 2.0);
+        sgd.update(3, w, tensor_of(grad, shape));
+        loop.step(want, grad);
+      }
+      check_close(w, want, "weight");
+      CHECK(sgd.update_count(3) == 6);
+      CHECK(sgd.num_update() == 6);
+      if (c.momentum == 0) {
+        CHECK(sgd.state(3).empty());
+      } else {
+        REQUIRE(sgd.state(3).size() == 1);
+        CHECK(sgd.state(3)[0].dtype() == dtype_of_v<T>);
+        check_close(sgd.state(3)[0], loop.mom, "momentum");
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("optim: Adam matches MXNet's adam_update with bias correction over several steps", T, float,
+                   double) {
+  struct Config {
+    double lr, beta1, beta2, epsilon, wd, rescale, clip;
+  };
+  const Config configs[] = {
+      {0.01, 0.9, 0.999, 1e-8, 0, 1, 0},         // defaults but the rate
+      {0.02, 0.8, 0.99, 1e-6, 0.05, 0.5, 0.4},   // weight decay, rescaling, clipping
+  };
+  for (const Shape& shape : {Shape{5, 41}, Shape{2, 60000}}) {
+    for (const auto& c : configs) {
+      CAPTURE(c.wd);
+      CAPTURE(c.clip);
+      const auto n = static_cast<std::size_t>(checked_numel(shape));
+      std::vector<T> want = normal_values<T>(n, 2);
+      Tensor w = tensor_of(want, shape);
+      Adam adam(c.lr, c.beta1, c.beta2, c.epsilon, c.wd);
+      adam.set_rescale_grad(c.rescale);
+      adam.set_clip_gradient(c.clip);
+      AdamLoop<T> loop{c.lr, c.beta1, c.beta2, c.epsilon, c.wd, c.rescale, c.clip, {}, {}, 0};
+      for (int step = 0; step < 7; ++step) {
+        const auto grad = normal_values<T>(n, 200 + step, 1.5);
+        adam.update(0, w, tensor_of(grad, shape));
+        loop.step(want, grad);
+      }
+      check_close(w, want, "weight");
+      REQUIRE(adam.state(0).size() == 2);
+      check_close(adam.state(0)[0], loop.mean, "mean");
+      check_close(adam.state(0)[1], loop.var, "var");
+      CHECK(adam.update_count(0) == 7);
+    }
+  }
+}
+
+TEST_CASE("optim: the first Adam step moves every weight by about the learning rate") {
+  // Bias correction: m / sqrt(v) = g / |g| at t = 1, so each weight moves by lr (less epsilon's share).
+  Adam adam(0.1);
+  Tensor w = zeros({4});
+  adam.update(0, w, array<float>({3.f, -0.5f, 1e-3f, -200.f}));
+  const auto v = w.to_vector<float>();
+  CHECK(v[0] == doctest::Approx(-0.1).epsilon(1e-5));
+  CHECK(v[1] == doctest::Approx(0.1).epsilon(1e-5));
+  CHECK(v[2] == doctest::Approx(-0.1).epsilon(1e-4));
+  CHECK(v[3] == doctest::Approx(0.1).epsilon(1e-5));
+}
+
+TEST_CASE("optim: state and update counts are per index") {
+  SUBCASE("Adam: each index has its own moments and its own t") {
+    Adam adam(0.01, 0.9, 0.999, 1e-8, 0.01);
+    const Shape s0{6, 5}, s7{11};
+    std::vector<double> w0v = normal_values<double>(30, 3), w7v = normal_values<double>(11, 4);
+    Tensor w0 = tensor_of(w0v, s0), w7 = tensor_of(w7v, s7);
+    AdamLoop<double> ref0{0.01, 0.9, 0.999, 1e-8, 0.01, 1, 0, {}, {}, 0};
+    AdamLoop<double> ref7 = ref0;
+    // Index 0 is updated three times, index 7 twice, interleaved.
+    for (int k = 0; k < 5; ++k) {
+      const bool first = k != 1 && k != 3;
+      if (first) {
+        const auto g = normal_values<double>(30, 300 + k);
+        adam.update(0, w0, tensor_of(g, s0));
+        ref0.step(w0v, g);
+      } else {
+        const auto g = normal_values<double>(11, 400 + k);
+        adam.update(7, w7, tensor_of(g, s7));
+        ref7.step(w7v, g);
+      }
+    }
+    check_close(w0, w0v, "index 0");
+    check_close(w7, w7v, "index 7");
+    CHECK(adam.update_count(0) == 3);
+    CHECK(adam.update_count(7) == 2);
+    CHECK(adam.update_count(5) == 0);
+    CHECK(adam.num_update() == 3);
+    REQUIRE(adam.state(0).size() == 2);
+    REQUIRE(adam.state(7).size() == 2);
+    CHECK(adam.state(0)[0].shape() == s0);
+    CHECK(adam.state(7)[1].shape() == s7);
+    CHECK(adam.state(0)[0].storage() != adam.state(0)[1].storage());
+    CHECK(adam.state(5).empty());
+    check_close(adam.state(7)[0], ref7.mean, "index 7 mean");
+  }
+  SUBCASE("SGD: two weights of one shape keep separate momenta") {
+    SGD sgd(0.1, 0.9);
+    const Shape s{4, 4};
+    std::vector<float> av = normal_values<float>(16, 5), bv = normal_values<float>(16, 6);
+    Tensor a = tensor_of(av, s), b = tensor_of(bv, s);
+    SgdLoop<float> ra{0.1, 0.9, 0, 1, 0, {}}, rb = ra;
+    for (int k = 0; k < 3; ++k) {
+      const auto ga = normal_values<float>(16, 500 + k), gb = normal_values<float>(16, 600 + k);
+      sgd.update(0, a, tensor_of(ga, s));
+      sgd.update(1, b, tensor_of(gb, s));
+      ra.step(av, ga);
+      rb.step(bv, gb);
+    }
+    check_close(a, av, "index 0");
+    check_close(b, bv, "index 1");
+    REQUIRE(sgd.state(0).size() == 1);
+    CHECK(sgd.state(0)[0].storage() != sgd.state(1)[0].storage());
+  }
+  SUBCASE("a state made for another weight is an error, not a broadcast") {
+    SGD sgd(0.1, 0.9);
+    Tensor w = ones({2, 3});
+    sgd.update(2, w, ones({2, 3}));
+    Tensor other = ones({3, 2});
+    CHECK_THROWS_WITH_AS(sgd.update(2, other, ones({3, 2})),
+                         doctest::Contains("SGD.update (index 2): its momentum state was made for a weight of shape (2, 3)"),
+                         ValueError);
+    CHECK(sgd.update_count(2) == 1);
+    CHECK(other.to_vector<float>() == std::vector<float>(6, 1.f));
+  }
+}
+
+TEST_CASE("optim: create() by name with Gluon's option names") {
+  SUBCASE("sgd") {
+    auto opt = optim::create("sgd", {{"learning_rate", 0.2}, {"momentum", 0.9}, {"wd", 1e-4}, {"clip_gradient", 5},
+                                     {"rescale_grad", 0.5}});
+    CHECK(opt->name() == "SGD");
+    CHECK(opt->learning_rate() == 0.2);
+    CHECK(opt->wd() == 1e-4);
+    CHECK(opt->clip_gradient() == 5);
+    CHECK(opt->rescale_grad() == 0.5);
+    auto* sgd = dynamic_cast<SGD*>(opt.get());
+    REQUIRE(sgd != nullptr);
+    CHECK(sgd->momentum() == 0.9);
+  }
+  SUBCASE("names are case-insensitive; defaults are MXNet's") {
+    auto sgd = optim::create("SGD", {});
+    CHECK(sgd->learning_rate() == 0.01);
+    CHECK(dynamic_cast<SGD&>(*sgd).momentum() == 0);
+    CHECK(sgd->wd() == 0);
+    CHECK(sgd->clip_gradient() == 0);
+    CHECK(sgd->rescale_grad() == 1);
+    auto adam = optim::create("Adam");
+    CHECK(adam->name() == "Adam");
+    CHECK(adam->learning_rate() == 0.001);
+    auto& a = dynamic_cast<Adam&>(*adam);
+    CHECK(a.beta1() == 0.9);
+    CHECK(a.beta2() == 0.999);
+    CHECK(a.epsilon() == 1e-8);
+  }
+  SUBCASE("adam options") {
+    auto opt = optim::create("ADAM", {{"learning_rate", 0.01}, {"beta1", 0.8}, {"beta2", 0.99}, {"epsilon", 1e-6},
+                                      {"wd", 0.1}, {"clip_gradient", 2}, {"rescale_grad", 0.125}});
+    auto& a = dynamic_cast<Adam&>(*opt);
+    CHECK(a.learning_rate() == 0.01);
+    CHECK(a.beta1() == 0.8);
+    CHECK(a.beta2() == 0.99);
+    CHECK(a.epsilon() == 1e-6);
+    CHECK(a.wd() == 0.1);
+    CHECK(a.clip_gradient() == 2);
+    CHECK(a.rescale_grad() == 0.125);
+  }
+  SUBCASE("the created optimizer updates as the class does") {
+    auto opt = optim::create("sgd", {{"learning_rate", 0.5}, {"momentum", 0.5}});
+    Tensor w = ones({3});
+    opt->update(0, w, array<float>({1.f, 2.f, -4.f}));
+    opt->update(0, w, array<float>({1.f, 2.f, -4.f}));
+    // mom1 = -0.5 g, mom2 = 0.5 mom1 - 0.5 g = -0.75 g; w = 1 - 1.25 g
+    CHECK(w.to_vector<float>() == std::vector<float>{-0.25f, -1.5f, 6.f});
+  }
+  SUBCASE("errors name what is wrong and list what is valid") {
+    CHECK_THROWS_WITH_AS(optim::create("rmsprop", {}),
+                         "optim::create: unknown optimizer 'rmsprop'; the optimizers are sgd, adam", ValueError);
+    CHECK_THROWS_WITH_AS(optim::create("sgd", {{"beta1", 0.9}}),
+                         "optim::create: 'sgd' has no option 'beta1'; its options are learning_rate, momentum, wd, "
+                         "clip_gradient, rescale_grad",
+                         ValueError);
+    CHECK_THROWS_WITH_AS(optim::create("adam", {{"momentum", 0.9}}),
+                         doctest::Contains("'adam' has no option 'momentum'; its options are learning_rate, beta1, "
+                                           "beta2, epsilon, wd, clip_gradient, rescale_grad"),
+                         ValueError);
+    CHECK_THROWS_WITH_AS(optim::create("sgd", {{"lr", 0.1}}), doctest::Contains("no option 'lr'"), ValueError);
+    CHECK_THROWS_WITH_AS(optim::create("sgd", {{"learning_rate", -0.1}}),
+                         "SGD: learning_rate must be a finite number >= 0, not -0.1", ValueError);
+    CHECK_THROWS_WITH_AS(optim::create("adam", {{"learning_rate", -1}}), doctest::Contains("Adam: learning_rate"),
+                         ValueError);
+    CHECK_THROWS_WITH_AS(optim::create("adam", {{"beta1", 1}}), "Adam: beta1 must be in [0, 1), not 1", ValueError);
+    CHECK_THROWS_AS(optim::create("sgd", {{"momentum", -0.5}}), ValueError);
+    CHECK_THROWS_AS(optim::create("sgd", {{"wd", std::numeric_limits<double>::quiet_NaN()}}), ValueError);
+  }
+  SUBCASE("set_learning_rate rejects what the constructor rejects") {
+    SGD sgd;
+    CHECK_THROWS_AS(sgd.set_learning_rate(-0.01), ValueError);
+    CHECK_THROWS_AS(sgd.set_learning_rate(std::numeric_limits<double>::infinity()), ValueError);
+    CHECK(sgd.learning_rate() == 0.01);
+    sgd.set_learning_rate(0);
+    CHECK(sgd.learning_rate() == 0);
+  }
+}
+
+TEST_CASE("optim: mismatched operands are errors of the call, naming the optimizer, index and shapes") {
+  SGD sgd(0.1, 0.9);
+  Adam adam;
+  for (optim::Optimizer* opt : {static_cast<optim::Optimizer*>(&sgd), static_cast<optim::Optimizer*>(&adam)}) {
+    const std::string who = std::string(opt->name()) + ".update (index 4): ";
+    CAPTURE(who);
+    Tensor w = ones({2, 3});
+    const std::string shape_msg = who + "gradient of shape (3, 2) does not match weight of shape (2, 3)";
+    CHECK_THROWS_WITH_AS(opt->update(4, w, ones({3, 2})), shape_msg.c_str(), ShapeError);
+    // A gradient that would broadcast is still the wrong gradient.
+    const std::string broadcast_msg = who + "gradient of shape (3,) does not match weight of shape (2, 3)";
+    CHECK_THROWS_WITH_AS(opt->update(4, w, ones({3})), broadcast_msg.c_str(), ShapeError);
+    const std::string dtype_msg = who + "gradient of dtype float64 does not match weight of dtype float32 (shape (2, 3))";
+    CHECK_THROWS_WITH_AS(opt->update(4, w, ones({2, 3}, DType::float64)), dtype_msg.c_str(), DTypeError);
+    const std::string device_msg =
+        who + "gradient on cpu(1) but weight of shape (2, 3) on cpu(0); copy one with to(device) first";
+    CHECK_THROWS_WITH_AS(opt->update(4, w, ones({2, 3}, DType::float32, cpu(1))), device_msg.c_str(), DeviceError);
+    Tensor iw = ones({2, 3}, DType::int32);
+    const std::string int_msg = who + "weight has dtype int32; optimizers update float32 or float64 weights";
+    CHECK_THROWS_WITH_AS(opt->update(4, iw, ones({2, 3}, DType::int32)), int_msg.c_str(), DTypeError);
+    CHECK_THROWS_WITH_AS(opt->update(4, w, Tensor{}), doctest::Contains("the gradient is empty"), ValueError);
+    // Nothing happened: no count, no state, the weight unchanged.
+    CHECK(opt->update_count(4) == 0);
+    CHECK(opt->num_update() == 0);
+    CHECK(opt->state(4).empty());
+    CHECK(w.to_vector<float>() == std::vector<float>(6, 1.f));
+  }
+  waitall();  // no op was queued that could fail later
+}
+
+TEST_CASE("optim: updates are in place: every handle of the weight sees them") {
+  SUBCASE("copies of the handle") {
+    for (bool use_adam : {false, true}) {
+      CAPTURE(use_adam);
+      std::unique_ptr<optim::Optimizer> opt =
+          use_adam ? optim::create("adam", {{"learning_rate", 0.1}}) : optim::create("sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}});
+      Tensor w = array<double>({1.0, 2.0, 3.0});
+      const Tensor alias = w;                 // e.g. the Parameter's own handle
+      std::vector<Tensor> model{w};           // e.g. a block's list of parameters
+      const auto* storage = w.storage().get();
+      opt->update(0, w, array<double>({1.0, -1.0, 0.5}));
+      opt->update(0, w, array<double>({1.0, -1.0, 0.5}));
+      CHECK(w.storage().get() == storage);
+      const auto after = alias.to_vector<double>();
+      CHECK(model[0].to_vector<double>() == after);
+      CHECK(w.to_vector<double>() == after);
+      CHECK(after[0] < 1.0);
+      CHECK(after[1] > 2.0);
+      CHECK(after[2] < 3.0);
+    }
+  }
+  SUBCASE("a strided view writes through to its storage") {
+    Tensor base = array<float>({{1.f, 2.f, 3.f}, {4.f, 5.f, 6.f}});
+    Tensor view = transpose(base);  // (3, 2), not contiguous
+    REQUIRE(view.storage() == base.storage());
+    REQUIRE(!view.is_contiguous());
+    SGD sgd(0.5);
+    sgd.update(0, view, array<float>({{2.f, 4.f}, {6.f, 8.f}, {10.f, 12.f}}));
+    // view - 0.5 * grad, transposed back into base.
+    CHECK(base.to_vector<float>() == std::vector<float>{0.f, -1.f, -2.f, 2.f, 1.f, 0.f});
+  }
+  SUBCASE("a gradient that is another view of the weight is read before the weight is overwritten") {
+    Tensor w = array<double>({{1.0, 2.0}, {3.0, 4.0}});
+    SGD sgd(1.0);
+    sgd.update(0, w, transpose(w));  // w - w^T
+    CHECK(w.to_vector<double>() == std::vector<double>{0.0, -1.0, 1.0, 0.0});
+    sgd.update(1, w, w);  // the same view: w - w
+    CHECK(w.to_vector<double>() == std::vector<double>{0.0, 0.0, 0.0, 0.0});
+  }
+}
+
+TEST_CASE("optim: an update queues its work and returns without waiting for the gradient") {
+  ThreadedEngine threaded;
+  for (bool use_adam : {false, true}) {
+    CAPTURE(use_adam);
+    SGD sgd(0.5, 0.5);
+    Adam adam(0.5);
+    optim::Optimizer& opt = use_adam ? static_cast<optim::Optimizer&>(adam) : sgd;
+    Tensor w = ones({1000});
+    Tensor grad(Shape{1000});
+    auto open = std::make_shared<std::atomic<bool>>(false);
+    auto finished = std::make_shared<std::atomic<bool>>(false);
+    // The gradient is written by an op that runs only once the test opens it.
+    push_op("gate", {}, {grad}, [grad, open, finished] {
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!open->load() && std::chrono::steady_clock::now() < end) std::this_thread::yield();
+      auto* p = static_cast<float*>(grad.raw_data());
+      for (std::int64_t i = 0; i < grad.size(); ++i) p[i] = 2.f;
+      finished->store(true);
+    });
+    opt.update(0, w, grad);  // creates the state and queues the update
+    opt.update(0, w, grad);
+    CHECK_FALSE(finished->load());  // both updates returned while the gradient was pending
+    open->store(true);
+    const auto v = w.to_vector<float>();
+    // SGD: mom1 = -1, mom2 = -1.5, w = 1 - 2.5. Adam: each step moves by lr (t-corrected m / sqrt(v) = 1).
+    const float want = use_adam ? 0.f : -1.5f;
+    CHECK(v.front() == doctest::Approx(want).epsilon(1e-5));
+    CHECK(v.back() == doctest::Approx(want).epsilon(1e-5));
+  }
+}
