@@ -1,8 +1,11 @@
 #pragma once
 // hybra: NumPy/NDArray-style tensors whose expressions are fused at compile
 // time, and Gluon-style blocks that run eagerly or as captured, optimised
-// graphs. Include this one header and link the CMake target hybra::hybra.
+// graphs, trained with autograd. Include this one header and link the CMake
+// target hybra::hybra (training across processes adds hybra/parallel/mpi.hpp
+// and the target hybra::mpi).
 #include "eager.hpp"
+#include "autograd/backward.hpp"
 #include "graph/graph.hpp"
 #include "graph/passes.hpp"
 #include "graph/symbol.hpp"
@@ -12,4 +15,11 @@
 #include "nn/init.hpp"
 #include "nn/layers.hpp"
 #include "nn/parameter.hpp"
+#include "nn/loss.hpp"
 #include "nn/symbol_block.hpp"
+#include "data.hpp"
+#include "optim/adam.hpp"
+#include "optim/sgd.hpp"
+#include "optim/trainer.hpp"
+#include "parallel/allreduce.hpp"
+#include "parallel/split.hpp"
