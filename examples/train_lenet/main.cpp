@@ -236,17 +236,20 @@ int main(int argc, char** argv) try {
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
     std::vector<Tensor> loss_sums, hit_sums;
-    std::int64_t samples = 0;
+    std::int64_t samples = 0, local_samples = 0;
     std::size_t batch = 0;
     auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-    auto total = [&](const std::vector<Tensor>& parts) {  // over this process's devices, then over the processes
+    // Over this process's devices, then, at the end of the epoch, over the
+    // processes: the progress bar is the leader's alone, and a collective
+    // that only the leader joined would never return.
+    auto total = [&](const std::vector<Tensor>& parts, bool all_processes) {
       Tensor s = hybra::zeros({}, hybra::DType::float64);
       for (const auto& t : parts) s = s + t.to(hybra::cpu(0)).astype(hybra::DType::float64);
-      processes.sum(s);
+      if (all_processes) processes.sum(s);
       return s.item<double>();
     };
     auto report = [&](bool last) {
-      const double loss = total(loss_sums) / static_cast<double>(samples);
+      const double loss = total(loss_sums, last) / static_cast<double>(last ? samples : local_samples);
       if (std::isnan(loss))
         throw hybra::ValueError("training diverged: the loss is NaN in epoch " + std::to_string(epoch) + " (batch " +
                                 std::to_string(batch) + "); lower the learning rate (--lr)");
@@ -279,11 +282,12 @@ int main(int argc, char** argv) try {
         hit_sums.push_back(hybra::sum(hybra::argmax(outs[k], 1) == ys[k].astype(hybra::DType::int64)));
       }
       samples += rows;
+      local_samples += X.shape()[0];
       ++batch;
       if (tty && batch % 20 == 0) report(false);
     }
     const double loss = report(true);
-    const double train_acc = total(hit_sums) / static_cast<double>(samples);
+    const double train_acc = total(hit_sums, true) / static_cast<double>(samples);
     // Each process has the same weights, so each measures the whole test set; one prints it.
     const double epoch_seconds = seconds();
     const double test_acc = accuracy(net, test_loader, o.devices);

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -108,6 +109,11 @@ class Environment {
 
   ~Environment() {
     if (!owner_) return;
+    // Leaving because of an exception: the other processes may be waiting
+    // in a collective this one will never join, and MPI_Finalize would wait
+    // for them forever. Exiting without it lets the exception be reported
+    // and the launcher end the job.
+    if (std::uncaught_exceptions() > uncaught_at_start_) return;
     try {
       // Nothing may call MPI after MPI_Finalize: let the queued MPI ops run first.
       detail::run_now("mpi::Environment: finish queued MPI ops", [] {});
@@ -142,6 +148,7 @@ class Environment {
 
   bool owner_ = false;
   int thread_level_ = MPI_THREAD_SINGLE;
+  int uncaught_at_start_ = std::uncaught_exceptions();
 };
 
 // A group of processes that sum and share tensors: a duplicate of `base`
