@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <string_view>
+#include <type_traits>
 
 #include "../../core/error.hpp"
 #include "threads.hpp"
@@ -25,54 +26,73 @@ inline blasint to_blasint(std::int64_t v, std::string_view routine) {
 }
 inline CBLAS_TRANSPOSE flag(bool trans) { return trans ? CblasTrans : CblasNoTrans; }
 
-// OpenBLAS's thread count is one process-wide setting, not per call: each
-// call sets it to the calling op's share of the cores when that differs from
-// the last setting (it changes as CPU devices come into use, or by
-// set_num_threads), so that devices computing at once do not each use every core.
-inline void share_threads() {
-  static std::atomic<int> current{0};
-  const int want = available_threads();
-  if (current.exchange(want, std::memory_order_relaxed) != want) openblas_set_num_threads(want);
+// OpenBLAS runs on the calling thread only; hybra splits a product's rows
+// over its own team (parallel_for) instead. OpenBLAS's pthreads pool would
+// otherwise compete for the cores with the OpenMP team still spinning after
+// the previous fused loop, which cost LeNet's training step up to half its
+// time on two cores (docs/benchmarks.md, bench_train).
+inline void single_threaded() {
+  static const bool once = (openblas_set_num_threads(1), true);
+  (void)once;
+}
+
+// Calls product(first, count) over [0, rows) split into one range per
+// thread; `cost` is the work of one row.
+template <class Product>
+void over_rows(std::int64_t rows, std::int64_t cost, Product&& product) {
+  single_threaded();
+  parallel_for(rows, cost, [&](std::int64_t begin, std::int64_t end) {
+    if (end > begin) product(begin, end - begin);
+  });
 }
 }  // namespace detail
 
 // C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C, row-major;
 // op(X) is X or its transpose. lda/ldb/ldc are the row strides of the stored
 // matrices (A is stored k x m when trans_a).
-inline void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-                 std::int64_t ldc) {
+template <class T>
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "blas::gemm: float or double");
   using detail::to_blasint;
-  detail::share_threads();
-  cblas_sgemm(CblasRowMajor, detail::flag(trans_a), detail::flag(trans_b), to_blasint(m, "sgemm"),
-              to_blasint(n, "sgemm"), to_blasint(k, "sgemm"), alpha, a, to_blasint(lda, "sgemm"), b,
-              to_blasint(ldb, "sgemm"), beta, c, to_blasint(ldc, "sgemm"));
-}
-inline void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
-                 const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta, double* c,
-                 std::int64_t ldc) {
-  using detail::to_blasint;
-  detail::share_threads();
-  cblas_dgemm(CblasRowMajor, detail::flag(trans_a), detail::flag(trans_b), to_blasint(m, "dgemm"),
-              to_blasint(n, "dgemm"), to_blasint(k, "dgemm"), alpha, a, to_blasint(lda, "dgemm"), b,
-              to_blasint(ldb, "dgemm"), beta, c, to_blasint(ldc, "dgemm"));
+  constexpr std::string_view name = std::is_same_v<T, float> ? "sgemm" : "dgemm";
+  const blasint bn = to_blasint(n, name), bk = to_blasint(k, name), ba = to_blasint(lda, name),
+                bb = to_blasint(ldb, name), bc = to_blasint(ldc, name);
+  to_blasint(m, name);
+  detail::over_rows(m, n * k, [&](std::int64_t first, std::int64_t rows) {
+    const T* a_rows = trans_a ? a + first : a + first * lda;
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, detail::flag(trans_a), detail::flag(trans_b), static_cast<blasint>(rows), bn, bk,
+                  alpha, a_rows, ba, b, bb, beta, c + first * ldc, bc);
+    else
+      cblas_dgemm(CblasRowMajor, detail::flag(trans_a), detail::flag(trans_b), static_cast<blasint>(rows), bn, bk,
+                  alpha, a_rows, ba, b, bb, beta, c + first * ldc, bc);
+  });
 }
 
 // y = alpha * op(A) x + beta * y, with A stored m x n row-major (row stride
 // lda); op(A) is n x m when trans.
-inline void gemv(bool trans, std::int64_t m, std::int64_t n, float alpha, const float* a, std::int64_t lda,
-                 const float* x, std::int64_t incx, float beta, float* y, std::int64_t incy) {
+template <class T>
+void gemv(bool trans, std::int64_t m, std::int64_t n, T alpha, const T* a, std::int64_t lda, const T* x,
+          std::int64_t incx, T beta, T* y, std::int64_t incy) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "blas::gemv: float or double");
   using detail::to_blasint;
-  detail::share_threads();
-  cblas_sgemv(CblasRowMajor, detail::flag(trans), to_blasint(m, "sgemv"), to_blasint(n, "sgemv"), alpha, a,
-              to_blasint(lda, "sgemv"), x, to_blasint(incx, "sgemv"), beta, y, to_blasint(incy, "sgemv"));
-}
-inline void gemv(bool trans, std::int64_t m, std::int64_t n, double alpha, const double* a, std::int64_t lda,
-                 const double* x, std::int64_t incx, double beta, double* y, std::int64_t incy) {
-  using detail::to_blasint;
-  detail::share_threads();
-  cblas_dgemv(CblasRowMajor, detail::flag(trans), to_blasint(m, "dgemv"), to_blasint(n, "dgemv"), alpha, a,
-              to_blasint(lda, "dgemv"), x, to_blasint(incx, "dgemv"), beta, y, to_blasint(incy, "dgemv"));
+  constexpr std::string_view name = std::is_same_v<T, float> ? "sgemv" : "dgemv";
+  const blasint bm = to_blasint(m, name), bn = to_blasint(n, name), ba = to_blasint(lda, name),
+                bx = to_blasint(incx, name), by = to_blasint(incy, name);
+  // Rows of op(A): A's rows, or its columns when trans (then each takes m
+  // rows of A and the other dimension is cut).
+  const std::int64_t rows = trans ? n : m, row_cost = trans ? m : n;
+  detail::over_rows(rows, row_cost, [&](std::int64_t first, std::int64_t count) {
+    const blasint cut = static_cast<blasint>(count);
+    const T* a_rows = trans ? a + first : a + first * lda;
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemv(CblasRowMajor, detail::flag(trans), trans ? bm : cut, trans ? cut : bn, alpha, a_rows, ba, x, bx,
+                  beta, y + first * incy, by);
+    else
+      cblas_dgemv(CblasRowMajor, detail::flag(trans), trans ? bm : cut, trans ? cut : bn, alpha, a_rows, ba, x, bx,
+                  beta, y + first * incy, by);
+  });
 }
 
 // x . y over n elements. Long vectors are split into pieces that fit
@@ -81,7 +101,7 @@ inline float dot(std::int64_t n, const float* x, std::int64_t incx, const float*
   constexpr std::int64_t piece = std::numeric_limits<blasint>::max();
   const blasint ix = detail::to_blasint(incx, "sdot"), iy = detail::to_blasint(incy, "sdot");
   float s = 0;
-  detail::share_threads();
+  detail::single_threaded();
   for (std::int64_t i = 0; i < n; i += piece)
     s += cblas_sdot(static_cast<blasint>(std::min(piece, n - i)), x + i * incx, ix, y + i * incy, iy);
   return s;
@@ -90,7 +110,7 @@ inline double dot(std::int64_t n, const double* x, std::int64_t incx, const doub
   constexpr std::int64_t piece = std::numeric_limits<blasint>::max();
   const blasint ix = detail::to_blasint(incx, "ddot"), iy = detail::to_blasint(incy, "ddot");
   double s = 0;
-  detail::share_threads();
+  detail::single_threaded();
   for (std::int64_t i = 0; i < n; i += piece)
     s += cblas_ddot(static_cast<blasint>(std::min(piece, n - i)), x + i * incx, ix, y + i * incy, iy);
   return s;
