@@ -213,6 +213,49 @@ TEST_CASE("save_parameters and load_parameters: structured names that survive wr
   CHECK_THROWS_WITH_AS(wrong.load_parameters(dir / "net.params"), doctest::Contains("net.params"), ShapeError);
 }
 
+TEST_CASE("save_parameters of a data-parallel block: one set of names, loaded onto any devices") {
+  ScratchDir dir;
+  const std::vector<Device> two{cpu(0), cpu(1)};
+  auto mlp = [] {
+    nn::HybridSequential net;
+    net.add(nn::Dense(8, "relu", 5), nn::Dense(3, "", 8));
+    return net;
+  };
+  auto trained = mlp();
+  trained.initialize(nn::init::Normal(0.5), two);
+  // A step moves both copies the same way (the file must hold trained values, not the initial ones).
+  Trainer trainer(trained.collect_params(), "sgd", {{"learning_rate", 0.1}});
+  const Tensor x = random_normal({4, 5});
+  auto xs = split_and_load(x, two);
+  std::vector<Tensor> losses;
+  {
+    autograd::record rec;
+    for (const auto& part : xs) losses.push_back(sum(trained(part) * trained(part)));
+  }
+  for (auto& l : losses) l.backward();
+  trainer.step(4);
+  trained.save_parameters(dir / "dp.params");
+
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : io::load_ndarray_list(dir / "dp.params")) keys.push_back(key);
+  CHECK(keys == std::vector<std::string>{"dense0.weight", "dense0.bias", "dense1.weight", "dense1.bias"});
+
+  auto on_two = mlp();
+  on_two.initialize(nn::init::Zero(), two);
+  on_two.load_parameters(dir / "dp.params");
+  auto on_one = mlp();
+  on_one.initialize(nn::init::Zero());
+  on_one.load_parameters(dir / "dp.params");
+  const auto saved = trained.structured_params();
+  const auto loaded_one = on_one.structured_params(), loaded_two = on_two.structured_params();
+  for (std::size_t k = 0; k < saved.size(); ++k) {
+    CHECK(same_values(loaded_one[k].second.data(), saved[k].second.data()));
+    CHECK(loaded_two[k].second.devices() == two);
+    for (auto d : two) CHECK(same_values(loaded_two[k].second.data(d).to(cpu()), saved[k].second.data()));
+  }
+  CHECK(test::max_rel_diff(on_two(x.to(cpu(1))).to(cpu()), trained(x)) < 1e-6);
+}
+
 TEST_CASE("models MXNet 1.9.1 exported run in hybra with MXNet's outputs") {
   const std::string dir = std::string(HYBRA_TEST_DATA_DIR) + "/mxnet_models/";
   for (const std::string name : {"mlp", "convnet"}) {

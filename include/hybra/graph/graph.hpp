@@ -3,6 +3,7 @@
 // topological order. Passes (passes.hpp) rewrite it, the CPU planner
 // (jit/cpu_plan.hpp) compiles it, and run() interprets it node by node with
 // the eager ops: the reference every optimised form is tested against.
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <ostream>
@@ -231,8 +232,14 @@ inline Tensor eval_node(const Node& n, std::span<const Tensor> in, std::span<con
   if (def.elementwise >= 0) {
     auto common = common_dtype(def, in_meta);
     std::vector<Tensor> operands(in.begin(), in.end());
-    for (std::size_t k = 0; k < operands.size(); ++k)
-      if (in_meta[k].weak && common && operands[k].dtype() != *common) operands[k] = operands[k].astype(*common);
+    // A scalar's value is a 0-d tensor on the default device: it joins the
+    // other operands on theirs (a gradient rule run on cpu(1), say).
+    auto strong = std::find_if(in_meta.begin(), in_meta.end(), [](const Meta& m) { return !m.weak; });
+    for (std::size_t k = 0; k < operands.size(); ++k) {
+      if (!in_meta[k].weak) continue;
+      if (common && operands[k].dtype() != *common) operands[k] = operands[k].astype(*common);
+      if (strong != in_meta.end()) operands[k] = operands[k].to(in[static_cast<std::size_t>(strong - in_meta.begin())].device());
+    }
     out = def.eval(operands, n.attrs);
   } else {
     out = def.eval(in.first(own), n.attrs);
