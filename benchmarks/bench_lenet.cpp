@@ -15,18 +15,13 @@
 // Weights differ between the libraries (each initialises its own); shapes
 // and work are the same. LibTorch's own default here is one thread (its
 // cpuinfo counts one core on the development VM).
-//
-// The dense layers are OpenBLAS GEMMs on OpenBLAS's own threads, which
-// compete for the cores with libgomp's threads still spinning after the
-// previous parallel loop (GOMP_SPINCOUNT, 300000 spins by default): on the
-// 2-core development VM that costs about a sixth of hybra's throughput, and
-// GOMP_SPINCOUNT=10000 in the environment measures without it.
+
 #include <benchmark/benchmark.h>
 
 #include <hybra/hybra.hpp>
 
 #ifdef HYBRA_BENCH_TORCH
-#include <torch/torch.h>
+#include "libtorch_lenet.hpp"
 #endif
 
 namespace {
@@ -55,24 +50,6 @@ void lenet_hybra(benchmark::State& state, bool hybridize) {
 }
 
 #ifdef HYBRA_BENCH_TORCH
-struct LeNet : torch::nn::Module {
-  torch::nn::Conv2d conv0{torch::nn::Conv2dOptions(1, 6, 5).padding(2)}, conv1{torch::nn::Conv2dOptions(6, 16, 5)};
-  torch::nn::Linear dense0{400, 120}, dense1{120, 84}, dense2{84, 10};
-  LeNet() {
-    register_module("conv0", conv0);
-    register_module("conv1", conv1);
-    register_module("dense0", dense0);
-    register_module("dense1", dense1);
-    register_module("dense2", dense2);
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(conv0(x)), 2);
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2);
-    x = torch::relu(dense0(x.flatten(1)));
-    return dense2(torch::relu(dense1(x)));
-  }
-};
-
 void lenet_libtorch(benchmark::State& state) {
   torch::manual_seed(0);
   torch::set_num_threads(hybra::num_threads());

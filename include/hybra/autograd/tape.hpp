@@ -74,31 +74,33 @@ inline bool requires_grad(const Tensor& t) {
   return e && (e->node || e->req != GradReq::null);
 }
 
-// Sets recording (and the training mode, as MXNet's record(train_mode=True))
-// for the current thread until the end of the scope.
-class record {
+namespace detail {
+// Sets recording and the training mode for the current thread until the end
+// of the scope.
+class recording_scope {
  public:
-  explicit record(bool train_mode = true) : saved_(detail::recording), mode_(train_mode) { detail::recording = true; }
-  record(const record&) = delete;
-  record& operator=(const record&) = delete;
-  ~record() { detail::recording = saved_; }
+  recording_scope(bool on, bool train_mode) : saved_(recording), mode_(train_mode) { recording = on; }
+  recording_scope(const recording_scope&) = delete;
+  recording_scope& operator=(const recording_scope&) = delete;
+  ~recording_scope() { recording = saved_; }
 
  private:
   bool saved_;
   mode_scope mode_;
 };
+}  // namespace detail
+
+// Records (and sets the training mode, as MXNet's record(train_mode=True))
+// until the end of the scope.
+class record : detail::recording_scope {
+ public:
+  explicit record(bool train_mode = true) : recording_scope(true, train_mode) {}
+};
 
 // Stops recording (MXNet's pause(train_mode=False)) until the end of the scope.
-class pause {
+class pause : detail::recording_scope {
  public:
-  explicit pause(bool train_mode = false) : saved_(detail::recording), mode_(train_mode) { detail::recording = false; }
-  pause(const pause&) = delete;
-  pause& operator=(const pause&) = delete;
-  ~pause() { detail::recording = saved_; }
-
- private:
-  bool saved_;
-  mode_scope mode_;
+  explicit pause(bool train_mode = false) : recording_scope(false, train_mode) {}
 };
 
 // Makes `outputs` the results of a new node that has `backward` as its rule

@@ -225,11 +225,32 @@ inline void product_tiles(const Product<T>& p) {
   for (; j < p.n; j += Lanes) product_column_tile<T, Lanes, MaxRows, 1>(p, j);
 }
 
+// The kernels of this file and conv_backward.hpp come in three builds of
+// one template: AVX-512 and AVX2 (GCC's target attribute, on x86-64 only;
+// `flatten` inlines the tiles, so each is compiled for its target) and
+// generic. runnable_variants lists the builds this CPU can run, fastest
+// first; the kernel calls the first, and the tests run every one.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define HYBRA_ISA_VARIANTS 1
+#endif
+
+template <class Fn>
+std::vector<Fn> runnable_variants([[maybe_unused]] Fn avx512, [[maybe_unused]] Fn avx2, Fn generic) {
+  std::vector<Fn> variants;
+#ifdef HYBRA_ISA_VARIANTS
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq"))
+    variants.push_back(avx512);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) variants.push_back(avx2);
+#endif
+  variants.push_back(generic);
+  return variants;
+}
+
 // Per instruction set, as many accumulators as leave registers for B's
 // vectors and A's broadcast: 32 zmm (AVX-512), 16 ymm (AVX2), 16 xmm.
-// `flatten` inlines the tiles, so each is compiled for its target.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define HYBRA_CONV_DISPATCH 1
+#ifdef HYBRA_ISA_VARIANTS
 template <class T>
 __attribute__((target("arch=x86-64-v4"), flatten)) void product_avx512(const Product<T>& p) {
   product_tiles<T, 64 / sizeof(T), 6, 4>(p);
@@ -247,21 +268,14 @@ __attribute__((flatten)) void product_generic(const Product<T>& p) {
 template <class T>
 using ProductFn = void (*)(const Product<T>&);
 
-// The variants of the product this CPU can run, fastest first.
 template <class T>
 std::vector<ProductFn<T>> product_variants() {
-  std::vector<ProductFn<T>> variants;
-#ifdef HYBRA_CONV_DISPATCH
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq"))
-    variants.push_back(&product_avx512<T>);
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) variants.push_back(&product_avx2<T>);
+#ifdef HYBRA_ISA_VARIANTS
+  return runnable_variants<ProductFn<T>>(&product_avx512<T>, &product_avx2<T>, &product_generic<T>);
+#else
+  return runnable_variants<ProductFn<T>>(nullptr, nullptr, &product_generic<T>);
 #endif
-  variants.push_back(&product_generic<T>);
-  return variants;
 }
-#undef HYBRA_CONV_DISPATCH
 
 template <class T>
 void product(const Product<T>& p) {

@@ -152,8 +152,7 @@ inline std::int64_t padded_to(std::int64_t n, std::int64_t block) { return (n + 
 // 24 vectors of sums in 32 zmm registers, with 4 + 6 for A's and B's
 // vectors: 6 x 4 or 4 x 6 tiles, whichever recomputes less; 9 of 16
 // registers elsewhere.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define HYBRA_CONV_BACKWARD_DISPATCH 1
+#ifdef HYBRA_ISA_VARIANTS
 template <class T>
 __attribute__((target("arch=x86-64-v4"), flatten)) void dot_avx512(const DotProduct<T>& p) {
   if (padded_to(p.M, 6) * padded_to(p.N, 4) <= padded_to(p.M, 4) * padded_to(p.N, 6))
@@ -174,21 +173,14 @@ __attribute__((flatten)) void dot_generic(const DotProduct<T>& p) {
 template <class T>
 using DotFn = void (*)(const DotProduct<T>&);
 
-// The variants of the pixel-sum product this CPU can run, fastest first.
 template <class T>
 std::vector<DotFn<T>> dot_variants() {
-  std::vector<DotFn<T>> variants;
-#ifdef HYBRA_CONV_BACKWARD_DISPATCH
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq"))
-    variants.push_back(&dot_avx512<T>);
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) variants.push_back(&dot_avx2<T>);
+#ifdef HYBRA_ISA_VARIANTS
+  return runnable_variants<DotFn<T>>(&dot_avx512<T>, &dot_avx2<T>, &dot_generic<T>);
+#else
+  return runnable_variants<DotFn<T>>(nullptr, nullptr, &dot_generic<T>);
 #endif
-  variants.push_back(&dot_generic<T>);
-  return variants;
 }
-#undef HYBRA_CONV_BACKWARD_DISPATCH
 
 template <class T>
 void dot_product(const DotProduct<T>& p) {
@@ -729,8 +721,7 @@ inline void pool_planes(const T* x, const T* dy, T* dx, const Pool2dGeometry& g,
 template <class T>
 using PoolPlanesFn = void (*)(const T*, const T*, T*, const Pool2dGeometry&, std::int64_t, std::int64_t);
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define HYBRA_POOL_BACKWARD_DISPATCH 1
+#ifdef HYBRA_ISA_VARIANTS
 template <class T, PoolKind Kind>
 __attribute__((target("arch=x86-64-v4"), flatten)) void pool_avx512(const T* x, const T* dy, T* dx,
                                                                    const Pool2dGeometry& g, std::int64_t first,
@@ -750,21 +741,14 @@ __attribute__((flatten)) void pool_generic(const T* x, const T* dy, T* dx, const
   pool_planes<T, Kind, 16 / sizeof(T)>(x, dy, dx, g, first, last);
 }
 
-// The variants of a pooling gradient this CPU can run, fastest first.
 template <class T, PoolKind Kind>
 std::vector<PoolPlanesFn<T>> pool_variants() {
-  std::vector<PoolPlanesFn<T>> variants;
-#ifdef HYBRA_POOL_BACKWARD_DISPATCH
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq"))
-    variants.push_back(&pool_avx512<T, Kind>);
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) variants.push_back(&pool_avx2<T, Kind>);
+#ifdef HYBRA_ISA_VARIANTS
+  return runnable_variants<PoolPlanesFn<T>>(&pool_avx512<T, Kind>, &pool_avx2<T, Kind>, &pool_generic<T, Kind>);
+#else
+  return runnable_variants<PoolPlanesFn<T>>(nullptr, nullptr, &pool_generic<T, Kind>);
 #endif
-  variants.push_back(&pool_generic<T, Kind>);
-  return variants;
 }
-#undef HYBRA_POOL_BACKWARD_DISPATCH
 
 // Any window: per output row, dy / divisor spread along each window's
 // columns into `row`, then row added to each of the window's rows.

@@ -38,8 +38,8 @@ inline std::atomic<int>& thread_count() {
 
 inline int num_threads() { return detail::thread_count().load(std::memory_order_relaxed); }
 
-// Sets the threads used by fused loops and by OpenBLAS (n >= 1; BLAS picks
-// it up at its next call, backend/cpu/blas.hpp).
+// Sets the threads used by fused loops and by BLAS products (n >= 1; both
+// run on parallel_for's team, backend/cpu/blas.hpp).
 inline void set_num_threads(int n) { detail::thread_count().store(std::max(1, n), std::memory_order_relaxed); }
 
 namespace backend::cpu {
