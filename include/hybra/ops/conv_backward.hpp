@@ -29,11 +29,8 @@
 // value that window does not hold, so a chunk whose input holds an inf or a
 // NaN is summed by the plain loop instead.
 //
-// One thread of the development machine (AVX-512), float32, ms per call;
-// tools in tests/unit/test_conv_backward.cpp's header comment:
-//
-//                                              forward   data   weight  (naive loops before: data, weight)
-//     (256, 1, 28, 28) * (6, 1, 5, 5), pad 2      see the report of the change that added this file
+// Their times per layer, beside the forward's, are in docs/benchmarks.md
+// (bench_train).
 //
 // Pooling. Max pooling recomputes each window's first maximum (a NaN wins,
 // its first one, as the forward's max) and adds dy there; 2x2 windows with
