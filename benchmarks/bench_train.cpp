@@ -15,20 +15,11 @@
 
 #include <hybra/hybra.hpp>
 
-#ifdef HYBRA_BENCH_TORCH
-#include "libtorch_lenet.hpp"
-#endif
+#include "lenet_common.hpp"
 
 namespace {
 
 namespace nn = hybra::nn;
-
-constexpr std::int64_t batch = 256;
-
-void count_images(benchmark::State& state) {
-  state.counters["images/s"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * batch), benchmark::Counter::kIsRate);
-}
 
 void train_hybra(benchmark::State& state, bool hybridize, std::vector<hybra::Device> devices) {
   hybra::seed(0);

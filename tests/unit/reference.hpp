@@ -12,6 +12,19 @@
 
 namespace hybra::test {
 
+// The global engine threaded within a scope, whatever HYBRA_ENGINE_TYPE says
+// (the unit tests also run under the naive engine, which runs ops at once).
+class ThreadedEngineScope {
+ public:
+  ThreadedEngineScope() : saved_(engine::get().type()) { engine::get().set_type(engine::EngineType::threaded); }
+  ThreadedEngineScope(const ThreadedEngineScope&) = delete;
+  ThreadedEngineScope& operator=(const ThreadedEngineScope&) = delete;
+  ~ThreadedEngineScope() { engine::get().set_type(saved_); }
+
+ private:
+  engine::EngineType saved_;
+};
+
 // Small integers (centred on 0, except uint8) in a scrambled order, so sums
 // and products are exact in every dtype whatever the summation order.
 inline Tensor small_ints(const Shape& shape, DType dtype, int seed = 0, int modulus = 11) {

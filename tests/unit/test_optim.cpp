@@ -99,18 +99,6 @@ Tensor tensor_of(const std::vector<T>& v, const Shape& shape, Device device = cp
   return array<T>(v, shape, device);
 }
 
-// Runs the global engine threaded within a scope, whatever HYBRA_ENGINE_TYPE says.
-class ThreadedEngine {
- public:
-  ThreadedEngine() : saved_(engine::get().type()) { engine::get().set_type(engine::EngineType::threaded); }
-  ThreadedEngine(const ThreadedEngine&) = delete;
-  ThreadedEngine& operator=(const ThreadedEngine&) = delete;
-  ~ThreadedEngine() { engine::get().set_type(saved_); }
-
- private:
-  engine::EngineType saved_;
-};
-
 }  // namespace
 
 TEST_CASE_TEMPLATE("optim: SGD matches MXNet's sgd_update / sgd_mom_update over several steps", T, float, double) {
@@ -421,7 +409,7 @@ TEST_CASE("optim: updates are in place: every handle of the weight sees them") {
 }
 
 TEST_CASE("optim: an update queues its work and returns without waiting for the gradient") {
-  ThreadedEngine threaded;
+  test::ThreadedEngineScope threaded;
   for (bool use_adam : {false, true}) {
     CAPTURE(use_adam);
     SGD sgd(0.5, 0.5);

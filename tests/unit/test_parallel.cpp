@@ -16,23 +16,13 @@
 #include <thread>
 #include <vector>
 
+#include "reference.hpp"
+
 using namespace hybra;
 
 namespace {
 
 using Sizes = std::vector<std::int64_t>;
-
-// The threaded engine for one test, whatever HYBRA_ENGINE_TYPE says.
-class ThreadedEngineScope {
- public:
-  ThreadedEngineScope() : saved_(engine::get().type()) { engine::get().set_type(engine::EngineType::threaded); }
-  ThreadedEngineScope(const ThreadedEngineScope&) = delete;
-  ThreadedEngineScope& operator=(const ThreadedEngineScope&) = delete;
-  ~ThreadedEngineScope() { engine::get().set_type(saved_); }
-
- private:
-  engine::EngineType saved_;
-};
 
 std::vector<Device> first_devices(int n) {
   std::vector<Device> out;
@@ -240,7 +230,7 @@ TEST_CASE("parallel: allreduce of tensors on one device, and of strided views") 
 }
 
 TEST_CASE("parallel: allreduce only queues: it returns before its inputs are written") {
-  ThreadedEngineScope threaded;  // the naive engine would run the gate at once, and wait forever
+  test::ThreadedEngineScope threaded;  // the naive engine would run the gate at once, and wait forever
   Tensor late = zeros({1000}, DType::float32, cpu(1));
   auto open = std::make_shared<std::atomic<bool>>(false);
   push_op("gate", {}, {late}, [late, open] {

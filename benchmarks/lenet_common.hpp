@@ -1,8 +1,23 @@
 #pragma once
-// LeNet-5 in LibTorch, the peer of bench_lenet and bench_train: the layers
-// hybra's benchmarks build (ReLU, max pooling).
-#include <torch/torch.h>
+// What bench_lenet and bench_train share: the batch, the images/s counter
+// and, where CMake found LibTorch, LeNet-5 in LibTorch (their peer), with the
+// layers hybra's benchmarks build (ReLU, max pooling).
+#include <benchmark/benchmark.h>
 
+#include <cstdint>
+
+#ifdef HYBRA_BENCH_TORCH
+#include <torch/torch.h>
+#endif
+
+constexpr std::int64_t batch = 256;
+
+inline void count_images(benchmark::State& state) {
+  state.counters["images/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * batch), benchmark::Counter::kIsRate);
+}
+
+#ifdef HYBRA_BENCH_TORCH
 struct LeNet : torch::nn::Module {
   torch::nn::Conv2d conv0{torch::nn::Conv2dOptions(1, 6, 5).padding(2)}, conv1{torch::nn::Conv2dOptions(6, 16, 5)};
   torch::nn::Linear dense0{400, 120}, dense1{120, 84}, dense2{84, 10};
@@ -20,3 +35,4 @@ struct LeNet : torch::nn::Module {
     return dense2(torch::relu(dense1(x)));
   }
 };
+#endif
