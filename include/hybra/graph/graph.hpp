@@ -234,11 +234,12 @@ inline Tensor eval_node(const Node& n, std::span<const Tensor> in, std::span<con
     std::vector<Tensor> operands(in.begin(), in.end());
     // A scalar's value is a 0-d tensor on the default device: it joins the
     // other operands on theirs (a gradient rule run on cpu(1), say).
-    auto strong = std::find_if(in_meta.begin(), in_meta.end(), [](const Meta& m) { return !m.weak; });
+    const auto strong = std::find_if(in_meta.begin(), in_meta.end(), [](const Meta& m) { return !m.weak; });
     for (std::size_t k = 0; k < operands.size(); ++k) {
       if (!in_meta[k].weak) continue;
       if (common && operands[k].dtype() != *common) operands[k] = operands[k].astype(*common);
-      if (strong != in_meta.end()) operands[k] = operands[k].to(in[static_cast<std::size_t>(strong - in_meta.begin())].device());
+      if (strong != in_meta.end())
+        operands[k] = operands[k].to(in[static_cast<std::size_t>(strong - in_meta.begin())].device());
     }
     out = def.eval(operands, n.attrs);
   } else {

@@ -5,7 +5,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <string_view>
