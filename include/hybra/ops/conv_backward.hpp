@@ -805,16 +805,22 @@ void pool2d_backward(const T* dy, const T* x, T* dx, const Pool2dGeometry& g, bo
   check_buffers(failed, "pool2d_backward");
 }
 
-// conv2d's geometry, its errors naming the gradient op first.
-inline Conv2dGeometry backward_geometry(std::string_view op, const Shape& x, const Shape& w, Size2d stride,
-                                        Size2d padding, Size2d dilation, std::int64_t groups) {
+// conv2d's geometry, its errors naming the gradient op first, and the check
+// that dy has the shape of conv2d's output.
+inline Conv2dGeometry backward_geometry(std::string_view op, const Tensor& dy, const Shape& x, const Shape& w,
+                                        Size2d stride, Size2d padding, Size2d dilation, std::int64_t groups) {
+  Conv2dGeometry g;
   try {
-    return conv2d_geometry(x, w, stride, padding, dilation, groups);
+    g = conv2d_geometry(x, w, stride, padding, dilation, groups);
   } catch (const ShapeError& e) {
     fail<ShapeError>(op, ": ", e.what());
   } catch (const ValueError& e) {
     fail<ValueError>(op, ": ", e.what());
   }
+  if (dy.require(op.data()).shape() != Shape{g.N, g.F, g.OH, g.OW})
+    fail<ShapeError>(op, ": gradient of shape ", to_string(dy.shape()), " does not match the output (", g.N, ", ",
+                     g.F, ", ", g.OH, ", ", g.OW, ") of input ", to_string(x), " and weight ", to_string(w));
+  return g;
 }
 
 }  // namespace detail::nn
@@ -824,12 +830,8 @@ inline Tensor conv2d_backward_data(const Tensor& dy, const Tensor& weight, const
                                    Size2d padding, Size2d dilation, std::int64_t groups) {
   namespace nn = detail::nn;
   constexpr std::string_view op = "conv2d_backward_data";
-  const nn::Conv2dGeometry g = nn::backward_geometry(op, x_shape, weight.require(op.data()).shape(), stride, padding,
-                                                     dilation, groups);
-  if (dy.require(op.data()).shape() != Shape{g.N, g.F, g.OH, g.OW})
-    fail<ShapeError>(op, ": gradient of shape ", to_string(dy.shape()), " does not match the output (", g.N, ", ",
-                     g.F, ", ", g.OH, ", ", g.OW, ") of input ", to_string(x_shape), " and weight ",
-                     to_string(weight.shape()));
+  const nn::Conv2dGeometry g = nn::backward_geometry(op, dy, x_shape, weight.require(op.data()).shape(), stride,
+                                                     padding, dilation, groups);
   const auto operands = nn::float_operands<2>(op, {dy, weight});
   const Tensor &d = operands[0], &w = operands[1];
   Tensor dx(x_shape, d.dtype(), d.device());
@@ -850,11 +852,7 @@ inline Tensor conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Sh
   namespace nn = detail::nn;
   constexpr std::string_view op = "conv2d_backward_weight";
   const nn::Conv2dGeometry g =
-      nn::backward_geometry(op, x.require(op.data()).shape(), weight_shape, stride, padding, dilation, groups);
-  if (dy.require(op.data()).shape() != Shape{g.N, g.F, g.OH, g.OW})
-    fail<ShapeError>(op, ": gradient of shape ", to_string(dy.shape()), " does not match the output (", g.N, ", ",
-                     g.F, ", ", g.OH, ", ", g.OW, ") of input ", to_string(x.shape()), " and weight ",
-                     to_string(weight_shape));
+      nn::backward_geometry(op, dy, x.require(op.data()).shape(), weight_shape, stride, padding, dilation, groups);
   const auto operands = nn::float_operands<2>(op, {dy, x});
   const Tensor &d = operands[0], &xc = operands[1];
   Tensor dw(weight_shape, d.dtype(), d.device());
