@@ -209,6 +209,26 @@ TEST_CASE("Activation, Flatten and Dropout layers, eager and hybridized") {
   auto a = drop(ones_in).to_vector<float>(), b = drop(ones_in).to_vector<float>();
   CHECK(a != b);  // a captured dropout draws a new mask every call
   CHECK(std::count(a.begin(), a.end(), 0.0f) > 400);
+
+  // A call reserves its masks on the calling thread, in the order the eager
+  // block draws them: seeded, the hybridized net drops what the eager one
+  // does, whatever the calling thread draws while the plan runs.
+  nn::HybridSequential twin;
+  twin.add(nn::Dropout(0.5), nn::Dropout(0.3));
+  auto draw_sequence = [&] {
+    seed(5);
+    std::vector<Tensor> drawn;  // read only at the end, so that calls and draws overlap
+    for (int call = 0; call < 3; ++call) {
+      drawn.push_back(twin(ones_in));
+      drawn.push_back(random_normal({64}));
+    }
+    std::vector<std::vector<float>> r;
+    for (const auto& t : drawn) r.push_back(t.to_vector<float>());
+    return r;
+  };
+  const auto eager_draws = draw_sequence();
+  twin.hybridize();
+  CHECK(draw_sequence() == eager_draws);
   CHECK_THROWS_AS(nn::Dropout(1.5), ValueError);
   CHECK_THROWS_AS(nn::Activation("swish"), ValueError);
 }

@@ -95,13 +95,13 @@ Tensor random_fill(const Shape& shape, DType dtype, Device device, Generator& ge
   Tensor t(shape, dtype, device);
   if (device == meta()) return t;  // inference only: draws nothing, so later values do not shift
   const std::int64_t n = t.size();
-  const std::uint64_t first = gen.advance(static_cast<std::uint64_t>((n + 1) / 2));
-  push_op(op, {}, {t}, [t, n, first, gen = Generator(gen), draw] {
+  const std::uint64_t blocks = Generator::blocks_for(n), first = gen.advance(blocks);
+  push_op(op, {}, {t}, [t, n, blocks, first, gen = Generator(gen), draw] {
     dispatch(t.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>) {
         T* p = static_cast<T*>(t.raw_data());
-        backend::cpu::parallel_for((n + 1) / 2, 2, [&](std::int64_t b, std::int64_t e) {
+        backend::cpu::parallel_for(static_cast<std::int64_t>(blocks), 2, [&](std::int64_t b, std::int64_t e) {
           for (std::int64_t j = b; j < e; ++j) {
             auto w = gen.block(first + static_cast<std::uint64_t>(j));
             auto pair = draw(tag, Generator::to_double(w[0], w[1]), Generator::to_double(w[2], w[3]));

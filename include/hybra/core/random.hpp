@@ -22,6 +22,17 @@ class Generator {
     return first;
   }
 
+  // Reserves n counter blocks for draws made later, maybe on another thread:
+  // the returned generator draws exactly what this one would have drawn next.
+  Generator reserve(std::uint64_t n) {
+    Generator stream = *this;
+    stream.counter_ = advance(n);
+    return stream;
+  }
+
+  // The counter blocks a draw of n values takes (two per block).
+  static std::uint64_t blocks_for(std::int64_t n) { return static_cast<std::uint64_t>((n + 1) / 2); }
+
   // The 4 random words of counter block `block`.
   std::array<std::uint32_t, 4> block(std::uint64_t block) const {
     std::array<std::uint32_t, 4> c{static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), 0, 0};
@@ -53,11 +64,33 @@ class Generator {
   std::uint64_t counter_ = 0;
 };
 
-// The generator used when none is passed explicitly.
-inline Generator& default_generator() {
+namespace detail {
+inline Generator& global_generator() {
   static Generator g{0};
   return g;
 }
-inline void seed(std::uint64_t s) { default_generator() = Generator{s}; }
+inline thread_local Generator* scoped_generator = nullptr;
+}  // namespace detail
+
+// The generator used when none is passed explicitly: the global one, or the
+// one a generator_scope set for this thread.
+inline Generator& default_generator() {
+  return detail::scoped_generator ? *detail::scoped_generator : detail::global_generator();
+}
+inline void seed(std::uint64_t s) { detail::global_generator() = Generator{s}; }
+
+// Makes `g` this thread's default generator until the end of the scope. A
+// compiled plan runs under one holding the blocks it reserved when it was
+// called, so its draws neither race with nor depend on the calling thread's.
+class generator_scope {
+ public:
+  explicit generator_scope(Generator& g) : saved_(detail::scoped_generator) { detail::scoped_generator = &g; }
+  generator_scope(const generator_scope&) = delete;
+  generator_scope& operator=(const generator_scope&) = delete;
+  ~generator_scope() { detail::scoped_generator = saved_; }
+
+ private:
+  Generator* saved_;
+};
 
 }  // namespace hybra

@@ -56,6 +56,13 @@ inline std::vector<int> identity(const Graph& g) {
 // Ops whose result is not a function of their inputs alone.
 inline bool is_pure(const Node& n) { return n.op != "dropout"; }
 
+// The random counter blocks one evaluation of n draws: a training dropout
+// draws one uniform per element (ops/nn.hpp), every other node none.
+inline std::uint64_t draw_blocks(const Node& n, bool training) {
+  if (is_pure(n) || !training || parse_double(find_attr(n.attrs, "rate", n.op), n.op) == 0) return 0;
+  return Generator::blocks_for(checked_numel(*n.meta.shape));
+}
+
 inline bool is_elementwise(const Node& n) {
   return n.op == "fused" || (!is_leaf(n) && find_op(n.op).elementwise >= 0 && !n.body);
 }

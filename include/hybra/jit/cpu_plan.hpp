@@ -64,8 +64,10 @@ class CpuPlan {
       const auto& m = s.graph.nodes[static_cast<std::size_t>(o)].meta;
       outputs.emplace_back(*m.shape, *m.dtype, s.device);
     }
-    // The op owns the inputs (moved in: no reference counts change) and a copy of the outputs' handles.
-    Call call{state_, std::move(inputs), outputs};
+    // The op owns the inputs (moved in: no reference counts change) and a
+    // copy of the outputs' handles; its random draws are reserved now, in
+    // the order an eager call would make them.
+    Call call{state_, std::move(inputs), outputs, default_generator().reserve(s.draw_blocks)};
     boost::container::small_vector<const Tensor*, 4> writes;
     for (const auto& t : call.outputs) writes.push_back(&t);
     writes.push_back(&s.workspace);
@@ -91,6 +93,7 @@ class CpuPlan {
     std::vector<Tensor> buffer;  // per node: its planned workspace slice, if any
     Tensor workspace;
     std::size_t peak_bytes = 0, unplanned_bytes = 0;
+    std::uint64_t draw_blocks = 0;  // the random counter blocks one call draws
     std::vector<Tensor> constants;  // per node: the plan's copy of a constant's value
     // Per node, during a call (calls are serialised by the workspace): where
     // its value is, and the values eager steps made. Pointers, so that a call
@@ -99,13 +102,14 @@ class CpuPlan {
     mutable std::vector<const Tensor*> values;
     mutable std::vector<Tensor> made;
 
-    void execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const;
+    void execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, Generator draws) const;
   };
 
   struct Call {
     std::shared_ptr<const State> state;
     std::vector<Tensor> inputs, outputs;
-    void operator()() const { state->execute(inputs, outputs); }
+    Generator draws;
+    void operator()() const { state->execute(inputs, outputs, draws); }
   };
 
   void build();
@@ -207,6 +211,7 @@ inline void CpuPlan::build() {
       layout[i] = Tensor(*n.meta.shape, *n.meta.dtype, meta());
       planned[i] = kind == Kind::fused || kind == Kind::product || (kind == Kind::eager && n.body);
     }
+    s.draw_blocks += graph::detail::draw_blocks(n, s.training);
     Step step{kind, static_cast<int>(i), nullptr, {}, std::nullopt};
     if (kind == Kind::product && n.op == "conv2d") step.conv = detail::conv2d_geometry(n, in);
     if (kind == Kind::fused) {
@@ -301,8 +306,10 @@ inline void CpuPlan::build() {
   }
 }
 
-inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const {
+inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                                     Generator draws) const {
   autograd::mode_scope mode(training);
+  generator_scope drawing(draws);
   std::size_t next_input = 0;
   auto output_of = [&](int id) -> const Tensor* {
     for (std::size_t j = 0; j < graph.outputs.size(); ++j)
