@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <hybra/eager.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace hybra::test {
@@ -24,6 +27,8 @@ class ThreadedEngineScope {
  private:
   engine::EngineType saved_;
 };
+
+inline constexpr DType all_dtypes[] = {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8};
 
 // Small integers (centred on 0, except uint8) in a scrambled order, so sums
 // and products are exact in every dtype whatever the summation order.
@@ -51,17 +56,30 @@ inline std::int64_t ravel(const std::vector<std::int64_t>& idx, const Shape& sha
   return flat;
 }
 
-// max_i |a_i - b_i| / max(|a_i|, |b_i|): 0 when every element is equal.
+// max_i |a_i - b_i| / max(|a_i|, |b_i|): 0 when every element is equal (NaN equals NaN).
 inline double max_rel_diff(const std::vector<double>& x, const std::vector<double>& y) {
   REQUIRE(x.size() == y.size());
   double worst = 0;
-  for (std::size_t i = 0; i < x.size(); ++i)
-    if (x[i] != y[i]) worst = std::max(worst, std::abs(x[i] - y[i]) / std::max({std::abs(x[i]), std::abs(y[i]), 1e-30}));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i]))) continue;
+    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max({std::abs(x[i]), std::abs(y[i]), 1e-30}));
+  }
   return worst;
 }
 inline double max_rel_diff(const Tensor& a, const Tensor& b) {
   REQUIRE(a.shape() == b.shape());
   return max_rel_diff(a.to_vector<double>(), b.to_vector<double>());
+}
+
+// Blocks until `flag` is set or `limit` passes; lets two ops prove they run at
+// the same time without depending on how fast either one is.
+inline bool await_flag(const std::atomic<bool>& flag, std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!flag.load()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::yield();
+  }
+  return true;
 }
 
 // A fresh directory, removed with everything in it at the end of the test.

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "reference.hpp"
+
 using namespace hybra;
 using engine::EngineType;
 
@@ -33,14 +35,7 @@ class EngineTypeScope {
   EngineType saved_;
 };
 
-bool await_flag(const std::atomic<bool>& flag, std::chrono::milliseconds limit = 5000ms) {
-  const auto end = Clock::now() + limit;
-  while (!flag.load()) {
-    if (Clock::now() > end) return false;
-    std::this_thread::yield();
-  }
-  return true;
-}
+using test::await_flag;
 
 // Queues an op that writes `value` into t once `open` is set: the caller
 // controls when it finishes.

@@ -111,7 +111,7 @@ double scaled_error(const std::vector<double>& got, const Sums& ref) {
   return worst;
 }
 
-double tolerance(DType dtype) { return dtype == DType::float64 ? 1e-13 : 1e-5; }
+double backward_tolerance(DType dtype) { return dtype == DType::float64 ? 1e-13 : 1e-5; }
 
 void check_conv_gradients(const Geometry& g, DType dtype) {
   CAPTURE(to_string(g.x()));
@@ -129,8 +129,8 @@ void check_conv_gradients(const Geometry& g, DType dtype) {
   CHECK(dw.shape() == g.w());
   CHECK(dx.dtype() == dtype);
   CHECK(dw.dtype() == dtype);
-  CHECK(scaled_error(dx.to_vector<double>(), data_reference(dy, w, g)) <= tolerance(dtype));
-  CHECK(scaled_error(dw.to_vector<double>(), weight_reference(dy, x, g)) <= tolerance(dtype));
+  CHECK(scaled_error(dx.to_vector<double>(), data_reference(dy, w, g)) <= backward_tolerance(dtype));
+  CHECK(scaled_error(dw.to_vector<double>(), weight_reference(dy, x, g)) <= backward_tolerance(dtype));
 }
 
 // Pooling's gradient by the definition: each window in order adds its dy to
@@ -193,7 +193,7 @@ void check_pool_gradients(const PoolCase& c, DType dtype, const Tensor& given_x 
       CHECK(dx.shape() == c.x);
       CHECK(dx.dtype() == dtype);
       CHECK(scaled_error(dx.to_vector<double>(), pool_reference(dy, x, is_max, c.kernel, c.stride, c.padding,
-                                                                include)) <= tolerance(dtype));
+                                                                include)) <= backward_tolerance(dtype));
     }
 }
 
@@ -333,12 +333,12 @@ TEST_CASE("conv2d gradients with NaN and infinity: as im2col, and no wide pixel 
         Tensor dy = array(dv, g.y()).astype(dtype);
         auto dw = conv2d_backward_weight(dy, x, g.w(), g.stride, g.padding, g.dilation, g.groups).to_vector<double>();
         const Sums ref = weight_reference(dy, x, g);
-        CHECK(scaled_error(dw, ref) <= tolerance(dtype));
+        CHECK(scaled_error(dw, ref) <= backward_tolerance(dtype));
         // Some of the gradient is finite, some not.
         CHECK(std::count_if(dw.begin(), dw.end(), [](double v) { return std::isfinite(v); }) > 0);
         CHECK(std::count_if(dw.begin(), dw.end(), [](double v) { return std::isnan(v); }) > 0);
         auto dx = conv2d_backward_data(dy, w, g.x(), g.stride, g.padding, g.dilation, g.groups).to_vector<double>();
-        CHECK(scaled_error(dx, data_reference(dy, w, g)) <= tolerance(dtype));
+        CHECK(scaled_error(dx, data_reference(dy, w, g)) <= backward_tolerance(dtype));
         CHECK(std::count_if(dx.begin(), dx.end(), [](double v) { return std::isnan(v); }) > 0);
       }
   }
@@ -504,7 +504,7 @@ TEST_CASE("the vectorised pooling gradients: every variant this CPU runs, every 
         for (auto variant : variants) {
           std::vector<T> dx(xs.size(), T(-7));
           variant(xs.data(), dys.data(), dx.data(), g, 0, 6);
-          CHECK(scaled_error(std::vector<double>(dx.begin(), dx.end()), ref) <= tolerance(dtype_of_v<T>));
+          CHECK(scaled_error(std::vector<double>(dx.begin(), dx.end()), ref) <= backward_tolerance(dtype_of_v<T>));
         }
       }
     }

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "reference.hpp"
+
 using namespace hybra;
 using engine::Engine;
 using engine::EngineType;
@@ -31,16 +33,7 @@ using namespace std::chrono_literals;
 Options threaded(int workers = 1, int cpu_threads = 0) { return {EngineType::threaded, cpu_threads, workers}; }
 Options naive() { return {EngineType::naive, 0, 1}; }
 
-// Blocks until `other` is set or `limit` passes; lets two ops prove they run
-// at the same time without depending on how fast either one is.
-bool await_flag(const std::atomic<bool>& other, std::chrono::milliseconds limit = 2000ms) {
-  auto end = Clock::now() + limit;
-  while (!other.load()) {
-    if (Clock::now() > end) return false;
-    std::this_thread::yield();
-  }
-  return true;
-}
+using test::await_flag;
 
 // Spins for d: sleep_for overshoots by tens of microseconds, more than the
 // engine's whole spin before a worker or waiter sleeps.

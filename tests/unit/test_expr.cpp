@@ -7,6 +7,8 @@
 #include <hybra/eager.hpp>
 #include <limits>
 
+#include "reference.hpp"
+
 using namespace hybra;
 
 namespace {
@@ -37,7 +39,7 @@ void check_against(const Tensor& got, std::vector<Tensor> inputs, Ref ref, doubl
   }
 }
 
-const DType all_dtypes[] = {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8};
+using test::all_dtypes;
 
 double tol_for(DType d) { return d == DType::float32 ? 2e-6 : d == DType::float64 ? 1e-13 : 0; }
 

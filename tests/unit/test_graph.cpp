@@ -7,21 +7,13 @@
 #include <cmath>
 #include <hybra/hybra.hpp>
 
+#include "reference.hpp"
+
 using namespace hybra;
 
 namespace {
 
-// max |a - b| / max(|a|, |b|, 1e-30) over the elements (0 when all equal).
-double max_rel_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  double worst = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if (x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i]))) continue;
-    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max({std::abs(x[i]), std::abs(y[i]), 1e-30}));
-  }
-  return worst;
-}
+using test::max_rel_diff;
 
 std::size_t count_op(const graph::Graph& g, std::string_view op) {
   return static_cast<std::size_t>(std::count_if(g.nodes.begin(), g.nodes.end(), [&](const auto& n) { return n.op == op; }));

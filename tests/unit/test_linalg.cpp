@@ -12,7 +12,7 @@ using namespace hybra;
 
 namespace {
 
-Tensor make(const Shape& shape, DType dtype, int seed = 0) { return test::small_ints(shape, dtype, seed, 11); }
+Tensor ints(const Shape& shape, DType dtype, int seed = 0) { return test::small_ints(shape, dtype, seed, 11); }
 
 using test::unravel;
 
@@ -23,13 +23,13 @@ std::int64_t ravel(const std::vector<std::int64_t>& idx, const Shape& shape) {
   return flat;
 }
 
-struct Ref {
+struct MatmulRef {
   Shape shape;
   std::vector<double> values;
 };
 
 // NumPy's matmul, written out: promote 1-d operands, broadcast the batch.
-Ref ref_matmul(const Tensor& a, const Tensor& b) {
+MatmulRef ref_matmul(const Tensor& a, const Tensor& b) {
   Shape sa = a.shape(), sb = b.shape();
   const bool a_vec = sa.size() == 1, b_vec = sb.size() == 1;
   if (a_vec) sa.insert(sa.begin(), 1);
@@ -40,7 +40,7 @@ Ref ref_matmul(const Tensor& a, const Tensor& b) {
   Shape batch = broadcast_shapes(ba, bb, "ref");
   while (ba.size() < batch.size()) ba.insert(ba.begin(), 1);
   while (bb.size() < batch.size()) bb.insert(bb.begin(), 1);
-  Ref r;
+  MatmulRef r;
   r.shape = batch;
   if (!a_vec) r.shape.push_back(M);
   if (!b_vec) r.shape.push_back(N);
@@ -62,7 +62,7 @@ void check_matmul(const Tensor& a, const Tensor& b) {
   CAPTURE(to_string(a.shape()));
   CAPTURE(to_string(b.shape()));
   const Tensor c = matmul(a, b);
-  const Ref r = ref_matmul(a, b);
+  const MatmulRef r = ref_matmul(a, b);
   CHECK(to_string(c.shape()) == to_string(r.shape));
   CHECK(c.dtype() == promote_types(a.dtype(), b.dtype()));
   CHECK(c.to_vector<double>() == r.values);
@@ -75,75 +75,75 @@ const DType float_types[] = {DType::float32, DType::float64};
 TEST_CASE("matmul: gemm, gemv (M == 1, N == 1), dot and vector operands match the reference") {
   for (DType d : float_types) {
     CAPTURE(name(d));
-    check_matmul(make({3, 4}, d), make({4, 5}, d, 1));  // gemm
-    check_matmul(make({1, 4}, d), make({4, 5}, d, 1));  // gemv, M == 1
-    check_matmul(make({3, 4}, d), make({4, 1}, d, 1));  // gemv, N == 1
-    check_matmul(make({1, 4}, d), make({4, 1}, d, 1));  // dot
-    check_matmul(make({4}, d), make({4, 5}, d, 1));     // vector @ matrix -> (5,)
-    check_matmul(make({3, 4}, d), make({4}, d, 1));     // matrix @ vector -> (3,)
-    check_matmul(make({4}, d), make({4}, d, 1));        // vector @ vector -> ()
-    check_matmul(make({1, 1}, d), make({1, 1}, d, 1));
-    check_matmul(make({37, 29}, d), make({29, 41}, d, 2));
+    check_matmul(ints({3, 4}, d), ints({4, 5}, d, 1));  // gemm
+    check_matmul(ints({1, 4}, d), ints({4, 5}, d, 1));  // gemv, M == 1
+    check_matmul(ints({3, 4}, d), ints({4, 1}, d, 1));  // gemv, N == 1
+    check_matmul(ints({1, 4}, d), ints({4, 1}, d, 1));  // dot
+    check_matmul(ints({4}, d), ints({4, 5}, d, 1));     // vector @ matrix -> (5,)
+    check_matmul(ints({3, 4}, d), ints({4}, d, 1));     // matrix @ vector -> (3,)
+    check_matmul(ints({4}, d), ints({4}, d, 1));        // vector @ vector -> ()
+    check_matmul(ints({1, 1}, d), ints({1, 1}, d, 1));
+    check_matmul(ints({37, 29}, d), ints({29, 41}, d, 2));
   }
-  CHECK(matmul(make({4}, DType::float32), make({4}, DType::float32, 1)).ndim() == 0);
+  CHECK(matmul(ints({4}, DType::float32), ints({4}, DType::float32, 1)).ndim() == 0);
   CHECK(matmul(array<float>({1, 2}, {1, 2}), array<float>({3, 4}, {2, 1})).item<float>() == 11.f);
 }
 
 TEST_CASE("matmul: transposed, sliced and reversed views give the same numbers as contiguous copies") {
   for (DType d : float_types) {
     CAPTURE(name(d));
-    const Tensor a = make({4, 3}, d), b = make({5, 4}, d, 1);
+    const Tensor a = ints({4, 3}, d), b = ints({5, 4}, d, 1);
     const Tensor at = transpose(a), bt = transpose(b);  // (3, 4) and (4, 5), transposed views
     CHECK_FALSE(at.is_contiguous());
-    check_matmul(at, make({4, 5}, d, 1));
-    check_matmul(make({3, 4}, d), bt);
+    check_matmul(at, ints({4, 5}, d, 1));
+    check_matmul(ints({3, 4}, d), bt);
     check_matmul(at, bt);
     // gemv paths with a transposed matrix
-    check_matmul(slice(at, 0, 0, 1), make({4, 5}, d, 1));  // (1, 4) row of a transposed view
-    check_matmul(make({1, 4}, d), bt);                     // M == 1, B transposed
+    check_matmul(slice(at, 0, 0, 1), ints({4, 5}, d, 1));  // (1, 4) row of a transposed view
+    check_matmul(ints({1, 4}, d), bt);                     // M == 1, B transposed
     check_matmul(at, slice(bt, 1, 0, 1));                  // N == 1, both transposed
-    check_matmul(at, make({4}, d, 1));                     // matrix^T @ vector
+    check_matmul(at, ints({4}, d, 1));                     // matrix^T @ vector
     // row-sliced (a row stride BLAS reads as lda), column-sliced and reversed
-    const Tensor big = make({8, 9}, d, 3);
-    check_matmul(slice(big, 0, 1, 7, 2), make({9, 2}, d));                       // (3, 9), rows 1, 3, 5
-    check_matmul(slice(big, 1, 0, std::nullopt, 2), make({5, 4}, d));            // (8, 5), stride 2 columns
-    check_matmul(slice(big, 0, std::nullopt, std::nullopt, -1), make({9, 3}, d));  // reversed rows
-    check_matmul(slice(slice(big, 0, 2, 3), 1, std::nullopt, std::nullopt, -1), make({9, 3}, d));  // reversed row
-    check_matmul(slice(make({9}, d), 0, std::nullopt, std::nullopt, -2), make({5, 3}, d));  // strided vector
-    check_matmul(make({3, 5}, d), slice(make({10}, d), 0, 0, std::nullopt, 2));
-    check_matmul(slice(make({10}, d), 0, 1, std::nullopt, 2), slice(make({10}, d, 1), 0, 0, std::nullopt, 2));
+    const Tensor big = ints({8, 9}, d, 3);
+    check_matmul(slice(big, 0, 1, 7, 2), ints({9, 2}, d));                       // (3, 9), rows 1, 3, 5
+    check_matmul(slice(big, 1, 0, std::nullopt, 2), ints({5, 4}, d));            // (8, 5), stride 2 columns
+    check_matmul(slice(big, 0, std::nullopt, std::nullopt, -1), ints({9, 3}, d));  // reversed rows
+    check_matmul(slice(slice(big, 0, 2, 3), 1, std::nullopt, std::nullopt, -1), ints({9, 3}, d));  // reversed row
+    check_matmul(slice(ints({9}, d), 0, std::nullopt, std::nullopt, -2), ints({5, 3}, d));  // strided vector
+    check_matmul(ints({3, 5}, d), slice(ints({10}, d), 0, 0, std::nullopt, 2));
+    check_matmul(slice(ints({10}, d), 0, 1, std::nullopt, 2), slice(ints({10}, d, 1), 0, 0, std::nullopt, 2));
   }
 }
 
 TEST_CASE("matmul: batched, with broadcast batch dims, per-batch transposes and vectors") {
   for (DType d : float_types) {
     CAPTURE(name(d));
-    check_matmul(make({2, 3, 4}, d), make({4, 5}, d, 1));           // one W for the batch (folds)
-    check_matmul(make({2, 3, 4}, d), make({2, 4, 5}, d, 1));
-    check_matmul(make({2, 1, 3, 4}, d), make({3, 4, 2}, d, 1));     // -> (2, 3, 3, 2)
-    check_matmul(make({3, 4}, d), make({2, 4, 5}, d, 1));           // a broadcast over b's batch
-    check_matmul(make({2, 1, 4}, d), make({2, 4, 5}, d, 1));        // gemv per batch, M == 1
-    check_matmul(make({2, 3, 4}, d), make({2, 4, 1}, d, 1));        // gemv per batch, N == 1
-    check_matmul(make({2, 3, 4}, d), make({4}, d, 1));              // -> (2, 3)
-    check_matmul(make({4}, d), make({2, 4, 5}, d, 1));              // -> (2, 5)
-    check_matmul(transpose(make({2, 4, 3}, d), {0, 2, 1}), make({2, 4, 5}, d, 1));
-    check_matmul(transpose(make({4, 3, 2}, d)), make({2, 4, 5}, d, 1));  // batch stride 1, matrices strided
-    check_matmul(slice(make({4, 3, 4}, d), 0, 0, std::nullopt, 2), make({4, 2}, d, 1));  // strided batch
-    check_matmul(make({40, 2, 3}, d), make({40, 3, 2}, d, 1));       // many small products
-    check_matmul(make({600, 6, 7}, d), make({600, 7, 5}, d, 1));     // ... spread over threads
+    check_matmul(ints({2, 3, 4}, d), ints({4, 5}, d, 1));           // one W for the batch (folds)
+    check_matmul(ints({2, 3, 4}, d), ints({2, 4, 5}, d, 1));
+    check_matmul(ints({2, 1, 3, 4}, d), ints({3, 4, 2}, d, 1));     // -> (2, 3, 3, 2)
+    check_matmul(ints({3, 4}, d), ints({2, 4, 5}, d, 1));           // a broadcast over b's batch
+    check_matmul(ints({2, 1, 4}, d), ints({2, 4, 5}, d, 1));        // gemv per batch, M == 1
+    check_matmul(ints({2, 3, 4}, d), ints({2, 4, 1}, d, 1));        // gemv per batch, N == 1
+    check_matmul(ints({2, 3, 4}, d), ints({4}, d, 1));              // -> (2, 3)
+    check_matmul(ints({4}, d), ints({2, 4, 5}, d, 1));              // -> (2, 5)
+    check_matmul(transpose(ints({2, 4, 3}, d), {0, 2, 1}), ints({2, 4, 5}, d, 1));
+    check_matmul(transpose(ints({4, 3, 2}, d)), ints({2, 4, 5}, d, 1));  // batch stride 1, matrices strided
+    check_matmul(slice(ints({4, 3, 4}, d), 0, 0, std::nullopt, 2), ints({4, 2}, d, 1));  // strided batch
+    check_matmul(ints({40, 2, 3}, d), ints({40, 3, 2}, d, 1));       // many small products
+    check_matmul(ints({600, 6, 7}, d), ints({600, 7, 5}, d, 1));     // ... spread over threads
   }
-  const Tensor c = matmul(make({2, 1, 3, 4}, DType::float32), make({3, 4, 2}, DType::float32));
+  const Tensor c = matmul(ints({2, 1, 3, 4}, DType::float32), ints({3, 4, 2}, DType::float32));
   CHECK(to_string(c.shape()) == "(2, 3, 3, 2)");
 }
 
 TEST_CASE("matmul: integer dtypes are a plain loop that wraps like NumPy") {
   for (DType d : {DType::int32, DType::int64, DType::uint8}) {
     CAPTURE(name(d));
-    check_matmul(make({3, 4}, d), make({4, 5}, d, 1));
-    check_matmul(make({4}, d), make({4, 2}, d, 1));
-    check_matmul(make({2, 3, 4}, d), make({4}, d, 1));
-    check_matmul(transpose(make({4, 3}, d)), slice(make({4, 10}, d, 1), 1, 0, std::nullopt, 3));
-    check_matmul(make({2, 1, 2, 3}, d), make({3, 3, 2}, d, 1));
+    check_matmul(ints({3, 4}, d), ints({4, 5}, d, 1));
+    check_matmul(ints({4}, d), ints({4, 2}, d, 1));
+    check_matmul(ints({2, 3, 4}, d), ints({4}, d, 1));
+    check_matmul(transpose(ints({4, 3}, d)), slice(ints({4, 10}, d, 1), 1, 0, std::nullopt, 3));
+    check_matmul(ints({2, 1, 2, 3}, d), ints({3, 3, 2}, d, 1));
   }
   // uint8 wraps modulo 256: 16 * 16 + 16 * 16 = 512 -> 0
   auto u = full({1, 2}, 16, DType::uint8), v = full({2, 1}, 16, DType::uint8);
@@ -153,24 +153,24 @@ TEST_CASE("matmul: integer dtypes are a plain loop that wraps like NumPy") {
 }
 
 TEST_CASE("matmul: mixed dtypes promote, expressions are evaluated first") {
-  const Tensor i = make({3, 4}, DType::int32), f = make({4, 2}, DType::float32, 1);
+  const Tensor i = ints({3, 4}, DType::int32), f = ints({4, 2}, DType::float32, 1);
   CHECK(matmul(i, f).dtype() == DType::float32);
   check_matmul(i, f);
-  check_matmul(make({3, 4}, DType::float32), make({4, 2}, DType::float64, 1));
-  check_matmul(make({3, 4}, DType::int32), make({4, 2}, DType::int64, 1));
-  check_matmul(make({3, 4}, DType::uint8), make({4}, DType::int32, 1));
-  const Tensor a = make({2, 3}, DType::float64), b = make({3, 2}, DType::float64, 1);
+  check_matmul(ints({3, 4}, DType::float32), ints({4, 2}, DType::float64, 1));
+  check_matmul(ints({3, 4}, DType::int32), ints({4, 2}, DType::int64, 1));
+  check_matmul(ints({3, 4}, DType::uint8), ints({4}, DType::int32, 1));
+  const Tensor a = ints({2, 3}, DType::float64), b = ints({3, 2}, DType::float64, 1);
   CHECK(matmul(a * 2 + 1, b).to_vector<double>() == matmul(Tensor(a * 2 + 1), b).to_vector<double>());
 }
 
 TEST_CASE("matmul: empty operands") {
   for (DType d : {DType::float32, DType::int32}) {
-    check_matmul(make({0, 3}, d), make({3, 4}, d));
-    check_matmul(make({2, 0}, d), make({0, 3}, d));  // K == 0: zeros
-    check_matmul(make({0, 2, 3}, d), make({3, 4}, d));
-    check_matmul(make({0}, d), make({0}, d));
+    check_matmul(ints({0, 3}, d), ints({3, 4}, d));
+    check_matmul(ints({2, 0}, d), ints({0, 3}, d));  // K == 0: zeros
+    check_matmul(ints({0, 2, 3}, d), ints({3, 4}, d));
+    check_matmul(ints({0}, d), ints({0}, d));
   }
-  CHECK(matmul(make({2, 0}, DType::float64), make({0, 3}, DType::float64)).to_vector<double>() ==
+  CHECK(matmul(ints({2, 0}, DType::float64), ints({0, 3}, DType::float64)).to_vector<double>() ==
         std::vector<double>(6, 0.0));
 }
 
@@ -187,20 +187,20 @@ TEST_CASE("matmul: errors name the op and the shapes") {
 TEST_CASE("dot: numpy.dot's rules for 0-d, 1-d, 2-d and N-d operands") {
   for (DType d : {DType::float32, DType::float64, DType::int32}) {
     CAPTURE(name(d));
-    const Tensor v = make({4}, d), w = make({4}, d, 1);
+    const Tensor v = ints({4}, d), w = ints({4}, d, 1);
     const Tensor s = dot(v, w);
     CHECK(s.ndim() == 0);
     CHECK(s.item<double>() == ref_matmul(v, w).values[0]);
-    const Tensor m = make({3, 4}, d), n = make({4, 5}, d, 1);
+    const Tensor m = ints({3, 4}, d), n = ints({4, 5}, d, 1);
     CHECK(dot(m, n).to_vector<double>() == ref_matmul(m, n).values);
-    CHECK(dot(transpose(make({4, 3}, d)), n).to_vector<double>() == ref_matmul(transpose(make({4, 3}, d)), n).values);
+    CHECK(dot(transpose(ints({4, 3}, d)), n).to_vector<double>() == ref_matmul(transpose(ints({4, 3}, d)), n).values);
     CHECK(dot(m, w).to_vector<double>() == ref_matmul(m, w).values);
     CHECK(dot(v, n).to_vector<double>() == ref_matmul(v, n).values);
     // scalar operand: elementwise product
     CHECK(dot(full({}, 2, d), m).to_vector<double>() == Tensor(m * 2).to_vector<double>());
 
     // N-d: dot(a, b)[i, j, p, q] = sum_k a[i, j, k] * b[p, k, q]
-    const Tensor a = make({2, 3, 4}, d), b = make({5, 4, 6}, d, 2);
+    const Tensor a = ints({2, 3, 4}, d), b = ints({5, 4, 6}, d, 2);
     const Tensor c = dot(a, b);
     REQUIRE(to_string(c.shape()) == "(2, 3, 5, 6)");
     const auto va = a.to_vector<double>(), vb = b.to_vector<double>(), vc = c.to_vector<double>();
@@ -227,7 +227,7 @@ TEST_CASE("dot: numpy.dot's rules for 0-d, 1-d, 2-d and N-d operands") {
     CHECK(to_string(dot(v, b).shape()) == "(5, 6)");
     CHECK(dot(v, b).to_vector<double>() == Tensor(dot(reshape(v, {1, 4}), b)).to_vector<double>());
   }
-  CHECK(dot(make({3}, DType::int32), make({3}, DType::float64)).dtype() == DType::float64);
+  CHECK(dot(ints({3}, DType::int32), ints({3}, DType::float64)).dtype() == DType::float64);
   CHECK(dot(zeros({0}), zeros({0})).item<float>() == 0.f);
 }
 

@@ -165,7 +165,7 @@ std::vector<std::vector<std::int64_t>> subsets(std::size_t nd) {
 }
 
 const Op all_ops[] = {Op::sum, Op::mean, Op::max, Op::min};
-const DType all_dtypes[] = {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8};
+using test::all_dtypes;
 
 }  // namespace
 
