@@ -15,14 +15,15 @@
 
 namespace hybra::test {
 
-// The global engine threaded within a scope, whatever HYBRA_ENGINE_TYPE says
-// (the unit tests also run under the naive engine, which runs ops at once).
-class ThreadedEngineScope {
+// The global engine of the given type within a scope, whatever
+// HYBRA_ENGINE_TYPE says (the unit tests also run under the naive engine,
+// which runs ops at once).
+class EngineTypeScope {
  public:
-  ThreadedEngineScope() : saved_(engine::get().type()) { engine::get().set_type(engine::EngineType::threaded); }
-  ThreadedEngineScope(const ThreadedEngineScope&) = delete;
-  ThreadedEngineScope& operator=(const ThreadedEngineScope&) = delete;
-  ~ThreadedEngineScope() { engine::get().set_type(saved_); }
+  explicit EngineTypeScope(engine::EngineType t) : saved_(engine::get().type()) { engine::get().set_type(t); }
+  EngineTypeScope(const EngineTypeScope&) = delete;
+  EngineTypeScope& operator=(const EngineTypeScope&) = delete;
+  ~EngineTypeScope() { engine::get().set_type(saved_); }
 
  private:
   engine::EngineType saved_;

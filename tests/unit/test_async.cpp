@@ -22,20 +22,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-// Runs a test body with the global engine of the given type (whatever
-// HYBRA_ENGINE_TYPE says), restoring the previous type afterwards.
-class EngineTypeScope {
- public:
-  explicit EngineTypeScope(EngineType t) : saved_(engine::get().type()) { engine::get().set_type(t); }
-  EngineTypeScope(const EngineTypeScope&) = delete;
-  EngineTypeScope& operator=(const EngineTypeScope&) = delete;
-  ~EngineTypeScope() { engine::get().set_type(saved_); }
-
- private:
-  EngineType saved_;
-};
-
 using test::await_flag;
+using test::EngineTypeScope;
 
 // Queues an op that writes `value` into t once `open` is set: the caller
 // controls when it finishes.

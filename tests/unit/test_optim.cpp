@@ -409,7 +409,7 @@ TEST_CASE("optim: updates are in place: every handle of the weight sees them") {
 }
 
 TEST_CASE("optim: an update queues its work and returns without waiting for the gradient") {
-  test::ThreadedEngineScope threaded;
+  test::EngineTypeScope threaded(engine::EngineType::threaded);
   for (bool use_adam : {false, true}) {
     CAPTURE(use_adam);
     SGD sgd(0.5, 0.5);

@@ -230,7 +230,8 @@ TEST_CASE("parallel: allreduce of tensors on one device, and of strided views") 
 }
 
 TEST_CASE("parallel: allreduce only queues: it returns before its inputs are written") {
-  test::ThreadedEngineScope threaded;  // the naive engine would run the gate at once, and wait forever
+  // The naive engine would run the gate at once, and wait forever.
+  test::EngineTypeScope threaded(engine::EngineType::threaded);
   Tensor late = zeros({1000}, DType::float32, cpu(1));
   auto open = std::make_shared<std::atomic<bool>>(false);
   push_op("gate", {}, {late}, [late, open] {

@@ -65,9 +65,10 @@ class CpuPlan {
       outputs.emplace_back(*m.shape, *m.dtype, s.device);
     }
     // The op owns the inputs (moved in: no reference counts change) and a
-    // copy of the outputs' handles; its random draws are reserved now, in
-    // the order an eager call would make them.
-    Call call{state_, std::move(inputs), outputs, default_generator().reserve(s.draw_blocks)};
+    // copy of the outputs' handles; its random draws, if any, are reserved
+    // now, in the order an eager call would make them.
+    Call call{state_, std::move(inputs), outputs,
+              s.draw_blocks ? default_generator().reserve(s.draw_blocks) : Generator{}};
     boost::container::small_vector<const Tensor*, 4> writes;
     for (const auto& t : call.outputs) writes.push_back(&t);
     writes.push_back(&s.workspace);
