@@ -1,7 +1,7 @@
 // The dependency engine: ordering (RAW, WAR, WAW) against a serial run of a
 // large random DAG, concurrency across devices, waking sleeping workers and
 // waiters, error propagation, shutdown, lifetimes and the naive (synchronous)
-// mode.
+// mode, and the waiting threads that help with an op's loops.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <hybra/backend/cpu/gemv.hpp>
 #include <hybra/engine/engine.hpp>
 #include <memory>
 #include <random>
@@ -599,4 +600,105 @@ TEST_CASE("engine: the global engine") {
   e.push("global", [&] { x = 9; }, {}, {v});
   e.wait_to_read(v);
   CHECK(x == 9);
+}
+
+TEST_CASE("engine: a thread spinning in help() takes the chunks a post leaves") {
+  engine::detail::HelpBoard board;
+  std::atomic<bool> stop{false};
+  std::thread helper([&] {
+    while (!stop.load()) board.help();
+  });
+  std::array<std::thread::id, 2> ran_on{};
+  std::array<std::atomic<int>, 2> runs{};
+  std::atomic<int> started{0};
+  auto body = [&](int c) {
+    ran_on[static_cast<std::size_t>(c)] = std::this_thread::get_id();
+    ++runs[static_cast<std::size_t>(c)];
+    // The first chunk to start holds on until the other has started, which
+    // only another thread can do (if none helps, the wait gives up and the
+    // poster runs the other chunk itself: the checks below then fail).
+    if (++started == 1) {
+      const auto end = Clock::now() + 5s;
+      while (started.load() < 2 && Clock::now() < end) std::this_thread::yield();
+    }
+  };
+  board.run(2, body);
+  stop = true;
+  const std::thread::id helper_id = helper.get_id();
+  helper.join();
+  CHECK(runs[0] == 1);
+  CHECK(runs[1] == 1);
+  CHECK(ran_on[0] != ran_on[1]);
+  for (const auto& id : ran_on) CHECK((id == std::this_thread::get_id() || id == helper_id));
+}
+
+TEST_CASE("engine: every chunk runs once, with or without helpers and with posts from several threads") {
+  engine::detail::HelpBoard board;
+  {
+    std::array<std::atomic<int>, 5> runs{};
+    auto body = [&](int c) { ++runs[static_cast<std::size_t>(c)]; };
+    board.run(5, body);  // no helper: all on the poster
+    for (auto& r : runs) CHECK(r == 1);
+  }
+  std::atomic<bool> stop{false};
+  std::thread helper([&] {
+    while (!stop.load()) board.help();
+  });
+  constexpr int posts = 2000, chunks = 4;
+  std::vector<std::atomic<int>> runs(2 * posts * chunks);
+  auto poster = [&](int first) {
+    for (int p = 0; p < posts; ++p) {
+      auto body = [&, p](int c) { ++runs[static_cast<std::size_t>(((first + p) * chunks) + c)]; };
+      board.run(chunks, body);  // a post made while the other thread's is in progress runs alone
+    }
+  };
+  std::thread other(poster, posts);
+  poster(0);
+  other.join();
+  stop = true;
+  helper.join();
+  CHECK(std::all_of(runs.begin(), runs.end(), [](const std::atomic<int>& r) { return r.load() == 1; }));
+}
+
+TEST_CASE("engine: a thread in an engine wait's spin runs posted chunks; a split GEMV gives single-thread bits") {
+  // 256 x 512 floats: big enough that gemv posts its second half.
+  constexpr std::int64_t N = 256, K = 512;
+  static_assert(N * K * sizeof(float) >= backend::cpu::gemv_help_bytes);
+  std::vector<float> w(N * K), x(K), alone(N), split(N);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 13) * 0.25f - 1.5f;
+  for (std::size_t k = 0; k < x.size(); ++k) x[k] = static_cast<float>(k % 7) * 0.5f - 1;
+  backend::cpu::gemv_rows(w.data(), K, x.data(), alone.data(), K, 0, N);
+
+  // The spin every engine wait uses (Waiter::wait, an idle worker, waitall).
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    while (!engine::detail::spin_helping_until([&] { return done.load(); })) {
+    }
+  });
+  const std::thread::id waiter_id = waiter.get_id();
+  std::array<std::thread::id, 2> ran_on{};
+  std::atomic<int> started{0};
+  auto half = [&](int c) {
+    ran_on[static_cast<std::size_t>(c)] = std::this_thread::get_id();
+    backend::cpu::gemv_rows(w.data(), K, x.data(), split.data(), K, c == 0 ? 0 : N / 2, c == 0 ? N / 2 : N);
+    if (++started == 1) {  // hold on until another thread has the other half
+      const auto end = Clock::now() + 5s;
+      while (started.load() < 2 && Clock::now() < end) std::this_thread::yield();
+    }
+  };
+  engine::detail::help_board().run(2, half);
+  done = true;
+  waiter.join();
+  CHECK((ran_on[0] == waiter_id || ran_on[1] == waiter_id));
+  CHECK(split == alone);
+
+  // gemv inside an op, split whenever a waiting caller takes the half.
+  Engine e(threaded());
+  Var v;
+  for (int round = 0; round < 50; ++round) {
+    std::fill(split.begin(), split.end(), 0.0f);
+    e.push("gemv", [&] { backend::cpu::gemv(w.data(), K, x.data(), split.data(), N, K); }, {}, {v});
+    e.wait_to_read(v);
+    CHECK(split == alone);
+  }
 }

@@ -12,6 +12,7 @@
 
 #include "context.hpp"
 #include "op.hpp"
+#include "helping.hpp"
 #include "sync.hpp"
 
 namespace hybra::engine::detail {
@@ -105,7 +106,7 @@ class CpuDevice {
   OpRecord* wait_for_work() noexcept {
     for (;;) {
       OpRecord* op = nullptr;
-      spin_until([&] { return (op = try_pop()) || stopping_.load(std::memory_order_relaxed); });
+      spin_helping_until([&] { return (op = try_pop()) || stopping_.load(std::memory_order_relaxed); });
       if (op || (op = try_pop())) return op;
       if (stopping_.load(std::memory_order_acquire)) return nullptr;
       worker_slot.returns->flush();  // an idle worker holds no records

@@ -40,6 +40,7 @@
 #include "../core/error.hpp"
 #include "cpu_device.hpp"
 #include "op.hpp"
+#include "helping.hpp"
 #include "sync.hpp"
 #include "var.hpp"
 
@@ -266,9 +267,14 @@ class Engine {
   // that were waiting only for them, wakes the waits whose turn has come, and
   // releases op's record. Everything the op held is let go before it counts
   // as finished: a waitall() that returns leaves no failure in a worker's hands.
+  // Each var is let go before its waits are woken, so that a woken thread
+  // dropping the last handle to a tensor frees its var on its own thread (a
+  // free here would move the allocator's lines to this one).
   void finish(detail::OpRecord* op, detail::FailurePtr failure) noexcept {
     for (auto& d : op->deps()) {
-      for (detail::Dep* t = d.var->finish(&d, failure); t;) {
+      detail::Dep* t = d.var->finish(&d, failure);
+      d.var->release();
+      while (t) {
         detail::Dep* next = t->next;  // read first: a woken waiter may reuse its Dep
         if (t->waiter)
           t->waiter->signal();
@@ -278,7 +284,8 @@ class Engine {
       }
     }
     failure.reset();
-    release_deps(op);
+    for (auto& d : op->deps()) d.failure.reset();
+    op->n_deps = 0;
     op->cpu = nullptr;
     if (auto* returns = detail::worker_slot.returns; returns && &returns->pool() == &pool_)
       returns->add(op);
@@ -307,7 +314,7 @@ class Engine {
   }
 
   void wait_idle() {
-    if (detail::spin_until([&] { return idle(); })) return;
+    if (detail::spin_helping_until([&] { return idle(); })) return;
     idle_waiters_.fetch_add(1, std::memory_order_seq_cst);
     {
       std::unique_lock l(idle_mutex_);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "helping.hpp"
 #include "sync.hpp"
 
 namespace hybra::engine {
@@ -78,7 +79,7 @@ class Waiter {
   }
 
   void wait() {
-    if (spin_until([&] { return state_.load(std::memory_order_acquire) == signalled; })) return;
+    if (spin_helping_until([&] { return state_.load(std::memory_order_acquire) == signalled; })) return;
     std::unique_lock l(mutex_);
     int expected = idle;
     if (!state_.compare_exchange_strong(expected, sleeping, std::memory_order_acquire)) return;

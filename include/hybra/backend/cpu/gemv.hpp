@@ -19,6 +19,7 @@
 // and the instrumented resolver crashes at startup.
 #include <cstdint>
 
+#include "../../engine/helping.hpp"
 #include "threads.hpp"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__) && \
@@ -77,19 +78,30 @@ HYBRA_GEMV_CLONES void gemv_rows(const T* w, std::int64_t ldw, const T* x, T* y,
   for (; n < row_end; ++n) detail::gemv_block<1>(w + n * ldw, ldw, x, y + n, K);
 }
 
-// Rows are split over threads only when W is beyond one core's L2 (1000 x
-// 1000 floats: 3.8x faster on 2 threads). A W that fits gains ~1 us from a
-// second thread (256 x 512: 4.1 -> 3.0 us), which a woken OpenMP team costs
-// back and more: its threads keep spinning after the loop, and on a machine
-// with no spare core they then take the core the engine or the caller needs
-// (a chain of such layers ran at ~7 ms per call instead of ~20 us).
+// Rows are split over an OpenMP team only when W is beyond one core's L2
+// (1000 x 1000 floats: 3.8x faster on 2 threads). A W that fits gains ~1 us
+// from a second OpenMP thread (256 x 512: 4.1 -> 3.0 us), which a woken team
+// costs back and more: its threads keep spinning after the loop, and on a
+// machine with no spare core they then take the core the engine or the
+// caller needs (a chain of such layers ran at ~7 ms per call instead of
+// ~20 us). Such a W is split in two instead with a thread already spinning in
+// a wait, if one takes the second half (engine/helping.hpp); smaller ones
+// gain less than the hand-over costs.
 inline constexpr std::int64_t gemv_parallel_bytes = std::int64_t{4} << 20;
+inline constexpr std::int64_t gemv_help_bytes = std::int64_t{256} << 10;
 
 // y = W x for all N rows.
 template <class T>
 void gemv(const T* w, std::int64_t ldw, const T* x, T* y, std::int64_t N, std::int64_t K) {
-  if (N * K * static_cast<std::int64_t>(sizeof(T)) < gemv_parallel_bytes) return gemv_rows(w, ldw, x, y, K, 0, N);
-  parallel_for(N, K, [&](std::int64_t begin, std::int64_t end) { gemv_rows(w, ldw, x, y, K, begin, end); });
+  const std::int64_t bytes = N * K * static_cast<std::int64_t>(sizeof(T));
+  if (bytes >= gemv_parallel_bytes) {
+    parallel_for(N, K, [&](std::int64_t begin, std::int64_t end) { gemv_rows(w, ldw, x, y, K, begin, end); });
+    return;
+  }
+  if (bytes < gemv_help_bytes || N < 8 || available_threads() < 2) return gemv_rows(w, ldw, x, y, K, 0, N);
+  const std::int64_t half = (N / 2 + 3) / 4 * 4;  // whole 4-row blocks
+  auto part = [&](int c) { c == 0 ? gemv_rows(w, ldw, x, y, K, 0, half) : gemv_rows(w, ldw, x, y, K, half, N); };
+  engine::detail::help_board().run(2, part);
 }
 
 }  // namespace hybra::backend::cpu
