@@ -118,14 +118,18 @@ TEST_CASE("parameters are named as in Gluon and initialised when their shape is 
   CHECK_THROWS_WITH_AS(known(ones({2, 5})), doctest::Contains("does not match its declared shape (3, 4)"), ShapeError);
 }
 
-TEST_CASE("a new parameter value is used by the next hybridized call") {
+TEST_CASE("a new parameter value or input value is used by the next hybridized call") {
   nn::Dense dense(2, "", 2);
   dense.initialize(nn::init::One());
   dense.hybridize();
   Tensor x = array<float>({{1, 2}});
   CHECK(dense(x).to_vector<float>() == std::vector<float>{3, 3});
-  dense.weight().set_data(array<float>({{1, 0}, {0, 1}}));
+  dense.weight().set_data(array<float>({{1, 0}, {0, 1}}));  // a new tensor: the plan's held inputs change
   CHECK(dense(x).to_vector<float>() == std::vector<float>{1, 2});
+  x.assign(array<float>({{3, 4}}));  // the held tensor, written in place: read when the call runs
+  CHECK(dense(x).to_vector<float>() == std::vector<float>{3, 4});
+  CHECK(dense(array<float>({{5, 6}})).to_vector<float>() == std::vector<float>{5, 6});
+  CHECK(dense(transpose(array<float>({{7}, {8}}))).to_vector<float>() == std::vector<float>{7, 8});  // copied contiguous
 }
 
 TEST_CASE("initialisers: ranges, statistics and seeding") {

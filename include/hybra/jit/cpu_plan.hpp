@@ -12,6 +12,7 @@
 // size, unplanned_bytes() what the same values would take with a buffer each.
 #include <algorithm>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -30,6 +31,7 @@ class CpuPlan {
       : state_(std::make_shared<State>()) {
     auto& s = *state_;
     s.graph = std::move(g);
+    s.vars = s.graph.vars();
     s.training = training;
     s.name = std::move(name);
     s.device = device;
@@ -42,14 +44,20 @@ class CpuPlan {
 
   // Inputs are the graph's vars in order (graph::Graph::vars()) and must have
   // the shapes and dtypes the plan was built for. Returns the outputs.
-  std::vector<Tensor> operator()(std::vector<Tensor> inputs) const {
+  std::vector<Tensor> operator()(const std::vector<Tensor>& inputs) const {
+    boost::container::small_vector<const Tensor*, 8> refs;
+    for (const auto& t : inputs) refs.push_back(&t);
+    return call(std::span<const Tensor* const>(refs.data(), refs.size()));
+  }
+  // The same with the inputs given by pointer: a block passes its
+  // parameters without copying their handles (see HeldInputs).
+  std::vector<Tensor> call(std::span<const Tensor* const> inputs) const {
     const auto& s = *state_;
-    auto vars = s.graph.vars();
-    if (inputs.size() != vars.size())
-      fail<ValueError>(s.name, ": expects ", vars.size(), " inputs, got ", inputs.size());
-    for (std::size_t k = 0; k < vars.size(); ++k) {
-      const auto& n = s.graph.nodes[static_cast<std::size_t>(vars[k])];
-      Tensor& t = inputs[k];
+    if (inputs.size() != s.vars.size())
+      fail<ValueError>(s.name, ": expects ", s.vars.size(), " inputs, got ", inputs.size());
+    for (std::size_t k = 0; k < s.vars.size(); ++k) {
+      const auto& n = s.graph.nodes[static_cast<std::size_t>(s.vars[k])];
+      const Tensor& t = *inputs[k];
       t.require(n.name.c_str());
       if (t.shape() != *n.meta.shape || t.dtype() != *n.meta.dtype)
         fail<ShapeError>(s.name, ": input '", n.name, "' is ", hybra::to_string(t.shape()), ' ', hybra::name(t.dtype()),
@@ -57,22 +65,21 @@ class CpuPlan {
       if (t.device() != s.device)
         fail<DeviceError>(s.name, ": input '", n.name, "' lives on ", t.device(), " but the plan runs on ", s.device,
                           "; copy it with to(device), or initialize the block on ", s.device);
-      if (!t.is_contiguous()) t = t.copy();
     }
     std::vector<Tensor> outputs;
     for (int o : s.graph.outputs) {
       const auto& m = s.graph.nodes[static_cast<std::size_t>(o)].meta;
       outputs.emplace_back(*m.shape, *m.dtype, s.device);
     }
-    // The op owns the inputs (moved in: no reference counts change) and a
-    // copy of the outputs' handles; its random draws, if any, are reserved
-    // now, in the order an eager call would make them.
-    Call call{state_, std::move(inputs), outputs,
+    // The op shares the inputs and owns a copy of the outputs' handles; its
+    // random draws, if any, are reserved now, in the order an eager call
+    // would make them.
+    Call call{state_, held_->hold(inputs), {outputs.begin(), outputs.end()},
               s.draw_blocks ? default_generator().reserve(s.draw_blocks) : Generator{}};
     boost::container::small_vector<const Tensor*, 4> writes;
     for (const auto& t : call.outputs) writes.push_back(&t);
     writes.push_back(&s.workspace);
-    push_op(s.name, call.inputs, writes, std::move(call));
+    push_op(s.name, *call.inputs, writes, std::move(call));
     return outputs;
   }
 
@@ -85,8 +92,10 @@ class CpuPlan {
     std::vector<int> loop_inputs;     // the nodes the loop reads, in order (-1: this node's own result)
     std::optional<hybra::detail::nn::Conv2dGeometry> conv;  // a conv2d product: its sizes
   };
+  using Outputs = boost::container::small_vector<Tensor, 1>;
   struct State {
     graph::Graph graph;
+    std::vector<int> vars;  // graph.vars(): the inputs, in order
     bool training = false;
     std::string name;
     Device device;
@@ -102,20 +111,51 @@ class CpuPlan {
     // shared with the calling thread).
     mutable std::vector<const Tensor*> values;
     mutable std::vector<Tensor> made;
+    void execute(const std::vector<Tensor>& inputs, const Outputs& outputs, Generator draws) const;
+  };
 
-    void execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, Generator draws) const;
+  // The latest call's inputs (contiguous), shared with its op. A call given
+  // the same tensors (a block's parameters, an input used again) shares them
+  // again, without copying a handle: each reference count changed per call
+  // would move its cache line between the calling thread and the worker that
+  // lets go of the op's handles (~1 us per call of bench_hybridize's MLP).
+  // The price: the latest inputs stay alive until the next call.
+  class HeldInputs {
+   public:
+    std::shared_ptr<const std::vector<Tensor>> hold(std::span<const Tensor* const> inputs) {
+      std::lock_guard g(mutex_);
+      bool same = held_ && held_->size() == inputs.size();
+      for (std::size_t k = 0; same && k < inputs.size(); ++k)
+        same = (*held_)[k].storage() == inputs[k]->storage() && (*held_)[k].offset() == inputs[k]->offset() &&
+               inputs[k]->is_contiguous();
+      if (!same) {
+        std::vector<Tensor> copy;
+        for (const Tensor* t : inputs) copy.push_back(t->is_contiguous() ? *t : t->copy());
+        held_ = std::make_shared<const std::vector<Tensor>>(std::move(copy));
+      }
+      return held_;
+    }
+
+   private:
+    std::mutex mutex_;
+    std::shared_ptr<const std::vector<Tensor>> held_;
   };
 
   struct Call {
     std::shared_ptr<const State> state;
-    std::vector<Tensor> inputs, outputs;
+    std::shared_ptr<const std::vector<Tensor>> inputs;
+    Outputs outputs;
     Generator draws;
-    void operator()() const { state->execute(inputs, outputs, draws); }
+    void operator()() const { state->execute(*inputs, outputs, draws); }
   };
+  static_assert(sizeof(Call) <= engine::detail::Task::inline_size,
+                "CpuPlan::Call must fit in an engine op record: a heap closure is allocated by the calling thread and "
+                "freed by the worker, per call");
 
   void build();
 
   std::shared_ptr<State> state_;
+  std::shared_ptr<HeldInputs> held_ = std::make_shared<HeldInputs>();
 };
 
 namespace detail {
@@ -307,7 +347,7 @@ inline void CpuPlan::build() {
   }
 }
 
-inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const Outputs& outputs,
                                      Generator draws) const {
   autograd::mode_scope mode(training);
   generator_scope drawing(draws);

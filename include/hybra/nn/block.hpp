@@ -13,6 +13,8 @@
 //    private:
 //     std::shared_ptr<nn::Dense> dense;
 //   };
+#include <boost/container/small_vector.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -99,7 +101,7 @@ class Block {
   }
 
   Tensor operator()(const Tensor& x) {
-    detail::forward_device_scope on(x.require(name().c_str()).device());
+    detail::forward_device_scope on(checked(x).device());
     return call(x);
   }
   Symbol operator()(const Symbol& x) { return forward(x); }
@@ -192,6 +194,10 @@ class Block {
 
  protected:
   virtual Tensor call(const Tensor& x) { return forward(x); }
+
+  // x, or the error naming this block if x is empty (the name is a string
+  // built per call, so only then).
+  const Tensor& checked(const Tensor& x) const { return x.defined() ? x : x.require(name().c_str()); }
 
   // Adds a child (given by value or as a shared_ptr) and names it within this block.
   template <class B>
@@ -305,7 +311,7 @@ class HybridBase : public Block {
   // A hybridized call: the plan of the inputs' signature, captured on the
   // first call with that signature.
   std::vector<Tensor> call_captured(std::span<const Tensor> in) {
-    for (const auto& t : in) t.require(name().c_str());
+    for (const auto& t : in) checked(t);
     const bool training = autograd::is_training();
     if (!last_ || !last_->matches(in, training)) {
       Key key{{}, in.front().device(), training};
@@ -314,16 +320,21 @@ class HybridBase : public Block {
       if (it == cache_.end()) it = cache_.emplace(key, capture(in, training)).first;
       last_ = it->second.get();
     }
-    std::vector<Tensor> values(last_->sources.size());
+    // Pointers: a call that copied each parameter's handle would change its
+    // reference count, a cache line the engine's worker reads (cpu_plan.hpp).
+    boost::container::small_vector<const Tensor*, 16> values(last_->sources.size());
     for (std::size_t k = 0; k < values.size(); ++k)
-      values[k] = last_->sources[k].parameter ? last_->sources[k].parameter->data(in.front().device())
-                                              : in[last_->sources[k].input];
+      values[k] = last_->sources[k].parameter ? &last_->sources[k].parameter->data(in.front().device())
+                                              : &in[last_->sources[k].input];
     std::vector<bool> wanted(values.size());
     bool recorded = false;
     if (autograd::is_recording())
-      for (std::size_t k = 0; k < values.size(); ++k) recorded |= wanted[k] = autograd::requires_grad(values[k]);
-    if (!recorded) return apply_updates(*last_, last_->plan(std::move(values)));
-    return call_recorded(*last_, std::move(values), wanted);
+      for (std::size_t k = 0; k < values.size(); ++k) recorded |= wanted[k] = autograd::requires_grad(*values[k]);
+    if (!recorded)
+      return apply_updates(*last_, last_->plan.call(std::span<const Tensor* const>(values.data(), values.size())));
+    std::vector<Tensor> copies;
+    for (const Tensor* v : values) copies.push_back(*v);
+    return call_recorded(*last_, std::move(copies), wanted);
   }
 
  private:

@@ -74,8 +74,9 @@ class Parameter {
         if (t.device() == *detail::forward_device) return t;
     return s_->copies.front();
   }
-  // The copy on `device` (a parameter initialised on several devices has one on each).
-  Tensor data(Device device) const {
+  // The copy on `device` (a parameter initialised on several devices has one
+  // on each): the parameter's own handle, as Gluon's data(ctx) is.
+  const Tensor& data(Device device) const {
     require_initialized();
     for (const auto& t : s_->copies)
       if (t.device() == device) return t;
