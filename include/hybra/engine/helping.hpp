@@ -18,8 +18,8 @@ namespace hybra::engine::detail {
 class HelpBoard {
  public:
   // Runs body(c) for every chunk c in [0, chunks) and returns when all have
-  // run. The calling thread takes chunks in order until none is left; threads
-  // in help() take the others. While another post is in progress (or with
+  // run. Chunks are claimed in order, by the calling thread until none is
+  // left and by threads in help(). While another post is in progress (or with
   // more than max_chunks), runs them all on the calling thread. body must not
   // throw.
   static constexpr int max_chunks = 0xffff;
