@@ -529,6 +529,68 @@ TEST_CASE("engine: naive mode runs each op on the pushing thread before push ret
   CHECK(ran_on != std::this_thread::get_id());
 }
 
+TEST_CASE("engine: a brief op runs on the pushing thread when nothing it needs is pending, else on a worker") {
+  using engine::OpLength;
+  Engine e(threaded());
+  const auto here = std::this_thread::get_id();
+  Var a, b;
+  std::thread::id ran_on;
+  int x = 0;
+  e.push("brief", [&] { ran_on = std::this_thread::get_id(); x = 1; }, {}, {a}, cpu(0), OpLength::brief);
+  CHECK(x == 1);  // before push returned
+  CHECK(ran_on == here);
+
+  // Behind a pending write: queued, and run by the worker.
+  std::atomic<bool> go{false};
+  e.push("slow", [&] { await_flag(go); }, {}, {b}, cpu(0));
+  e.push("brief after slow", [&] { ran_on = std::this_thread::get_id(); x = 2; }, {b}, {a}, cpu(0), OpLength::brief);
+  CHECK(x == 1);
+  go = true;
+  e.wait_to_read(a);
+  CHECK(x == 2);
+  CHECK(ran_on != here);
+
+  // A failure is kept on the var and delivered by the wait, as for any op.
+  e.push("brief failure", [] { throw ValueError("no"); }, {}, {a}, cpu(0), OpLength::brief);
+  CHECK_THROWS_WITH_AS(e.wait_to_read(a), "engine op 'brief failure' on cpu(0) failed: no", ValueError);
+
+  // With a second CPU device in use, every op stays on its device's worker.
+  e.push("on cpu(1)", [] {}, {}, {b}, cpu(1));
+  e.push("brief, two devices", [&] { ran_on = std::this_thread::get_id(); x = 3; }, {}, {a}, cpu(0), OpLength::brief);
+  e.wait_to_read(a);
+  CHECK(x == 3);
+  CHECK(ran_on != here);
+}
+
+TEST_CASE("engine: a sleeping worker is woken by a brief op run on the pushing thread, and helps the next") {
+  using engine::OpLength;
+  Engine e(threaded());
+  Var v;
+  e.push("start the device", [] {}, {}, {v}, cpu(0));
+  e.waitall();
+  std::this_thread::sleep_for(20ms);  // far past the worker's spin: it sleeps
+  const auto here = std::this_thread::get_id();
+  bool helped = false;
+  // Each round wakes the worker with one brief op, then posts two chunks from
+  // another; the first chunk holds on for a while for a helper to start the
+  // second. A worker never woken (nothing is queued) would never help.
+  for (int round = 0; round < 100 && !helped; ++round) {
+    e.push("wake", [] {}, {}, {v}, cpu(0), OpLength::brief);
+    std::array<std::thread::id, 2> ran_on{};
+    std::atomic<int> started{0};
+    auto chunk = [&](int c) {
+      ran_on[static_cast<std::size_t>(c)] = std::this_thread::get_id();
+      if (++started == 1) {
+        const auto end = Clock::now() + 20ms;
+        while (started.load() < 2 && Clock::now() < end) std::this_thread::yield();
+      }
+    };
+    e.push("post", [&] { engine::detail::help_board().run(2, chunk); }, {}, {v}, cpu(0), OpLength::brief);
+    helped = ran_on[0] != here || ran_on[1] != here;
+  }
+  CHECK(helped);
+}
+
 TEST_CASE("engine: HYBRA_ENGINE_TYPE chooses the engine type") {
   const char* saved = std::getenv("HYBRA_ENGINE_TYPE");
   std::string restore = saved ? saved : "";

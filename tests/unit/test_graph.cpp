@@ -246,6 +246,23 @@ TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's 
   CHECK(max_rel_diff(chain({yv})[0], graph::run(graph::trace({sum(d)}), {{"y", yv}})[0]) <= 1e-6);
 }
 
+TEST_CASE("a plan is a brief engine op when it touches at most 1 MiB and does at most 2^20 multiply-adds") {
+  auto plan_of = [](const Symbol& s) { return jit::CpuPlan(graph::optimize(graph::trace({s})), cpu(), false, "p"); };
+  auto x = sym::var("x", Shape{1, 512});
+  auto mlp = fully_connected(relu(fully_connected(x, sym::constant(random_normal({256, 512})))),
+                             sym::constant(random_normal({2, 256})));
+  CHECK(plan_of(mlp).length() == engine::OpLength::brief);  // ~520 KiB, 132k multiply-adds
+  auto big = fully_connected(x, sym::constant(random_normal({1024, 512})));
+  CHECK(plan_of(big).length() == engine::OpLength::unknown);  // a 2 MiB weight
+  auto m = sym::var("m", Shape{128, 128});
+  CHECK(plan_of(matmul(m, m)).length() == engine::OpLength::unknown);  // 128 KiB, 2^21 multiply-adds
+  auto image = sym::var("image", Shape{1, 16, 32, 32});
+  CHECK(plan_of(conv2d(image, sym::constant(random_normal({16, 16, 3, 3})), {}, 1, 1)).length() ==
+        engine::OpLength::unknown);  // 137 KiB, 2.4M multiply-adds
+  auto v = sym::var("v", Shape{64});
+  CHECK(plan_of(v * 2 + 1).length() == engine::OpLength::brief);
+}
+
 TEST_CASE("a plan checks its inputs and is one engine op whose result is a future") {
   auto x = sym::var("x", Shape{2, 2});
   jit::CpuPlan plan(graph::optimize(graph::trace({x * 2})), cpu(), false, "double");

@@ -78,6 +78,16 @@ class CpuDevice {
 
   int workers() const { return static_cast<int>(threads_.size()); }
 
+  // Wakes a sleeping worker, if there is one, to spin for a while with
+  // nothing queued: while the pushing thread runs brief ops itself (see
+  // Engine::push), the worker takes the chunks they post (helping.hpp).
+  void wake_helper() noexcept {
+    if (sleepers_.load(std::memory_order_relaxed) == 0) return;
+    std::lock_guard g(sleep_mutex_);
+    helper_wanted_ = true;
+    wake_cv_.notify_one();
+  }
+
  private:
   void run() noexcept {
     RecordPool::Batch returns(pool_);
@@ -119,8 +129,10 @@ class CpuDevice {
       // the check and the sleep.
       std::unique_lock l(sleep_mutex_);
       sleepers_.fetch_add(1, std::memory_order_seq_cst);
-      while (queued_.load(std::memory_order_seq_cst) == 0 && !stopping_.load(std::memory_order_seq_cst))
+      while (queued_.load(std::memory_order_seq_cst) == 0 && !stopping_.load(std::memory_order_seq_cst) &&
+             !helper_wanted_)
         wake_cv_.wait(l);
+      helper_wanted_ = false;
       sleepers_.fetch_sub(1, std::memory_order_relaxed);
     }
   }
@@ -143,6 +155,7 @@ class CpuDevice {
   std::atomic<bool> stopping_{false};
   std::mutex sleep_mutex_;
   std::condition_variable wake_cv_;
+  bool helper_wanted_ = false;  // guarded by sleep_mutex_
   std::vector<std::thread> threads_;
 };
 

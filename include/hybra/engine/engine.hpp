@@ -18,6 +18,13 @@
 // an op that succeeds clears the var's failure; an op that updates a var in
 // place or only in part must list it in both.
 //
+// Brief ops: an op pushed as OpLength::brief (a few microseconds of work,
+// about what handing it to a worker costs) runs on the pushing thread before
+// push returns when nothing it depends on is pending and only one CPU device
+// is in use (with several, each op stays on its device so they work side by
+// side). It is ordered, fails and is waited for like any other op; a
+// sleeping worker is woken to help with its loops (helping.hpp).
+//
 // HYBRA_ENGINE_TYPE=NaiveEngine runs every op on the pushing thread before
 // push returns (for debugging; the results and errors are the same).
 #include <algorithm>
@@ -72,6 +79,9 @@ struct Options {
   }
 };
 
+// What a pusher knows of how long its op runs (see "Brief ops" above).
+enum class OpLength { unknown, brief };
+
 class Engine {
  public:
   explicit Engine(Options options = Options::from_env())
@@ -97,10 +107,12 @@ class Engine {
   }
 
   // Queues fn() to run on `device` after the earlier ops it conflicts with
-  // (see the top of this file); returns at once. fn's captures live until it
-  // has run. Vars listed in both reads and writes are read and written.
+  // (see the top of this file); returns at once (a brief op may have run by
+  // then). fn's captures live until it has run. Vars listed in both reads and
+  // writes are read and written.
   template <class F>
-  void push(std::string_view name, F&& fn, Vars reads, Vars writes, Device device = cpu()) {
+  void push(std::string_view name, F&& fn, Vars reads, Vars writes, Device device = cpu(),
+            OpLength length = OpLength::unknown) {
     static_assert(std::is_invocable_v<std::decay_t<F>&>,
                   "hybra::engine::Engine::push: the op must be callable with no arguments");
     detail::OpRecord* op = make_op(name, reads, writes, device);
@@ -110,7 +122,7 @@ class Engine {
       discard(op);
       throw;
     }
-    submit(op);
+    submit(op, length);
   }
 
   // Blocks until every pending write to v is done (wait_to_write: every
@@ -211,7 +223,7 @@ class Engine {
   }
 
   // Pushes a built op: counts it, resolves its device and appends its Deps.
-  void submit(detail::OpRecord* op) {
+  void submit(detail::OpRecord* op, OpLength length) {
     op->seq = pushed_.fetch_add(1, std::memory_order_seq_cst);
     try {
       // Pairs with drain_and_stop: either shutdown waits for this op or this
@@ -226,15 +238,25 @@ class Engine {
       op_done();
       throw;
     }
-    start(op);
+    start(op, length);
   }
 
-  void start(detail::OpRecord* op) noexcept {
+  void start(detail::OpRecord* op, OpLength length) noexcept {
     op->engine = this;
     op->unmet.store(op->n_deps + 1, std::memory_order_relaxed);
     int granted = 1;
     for (auto& d : op->deps()) granted += d.var->append(&d);
-    if (op->unmet.fetch_sub(granted, std::memory_order_acq_rel) == granted) dispatch(op);
+    if (op->unmet.fetch_sub(granted, std::memory_order_acq_rel) != granted) return;
+    // Inside an op, push_op runs its closure directly; the engine's own
+    // push from an op is left to a worker, as the pusher may run on for long.
+    if (length == OpLength::brief && op->cpu && !detail::context.op &&
+        std::has_single_bit(used_cpu_devices_.load(std::memory_order_relaxed))) {
+      detail::CpuDevice* cpu = op->cpu;
+      execute(op);
+      cpu->wake_helper();
+    } else {
+      dispatch(op);
+    }
   }
 
   void dispatch(detail::OpRecord* op) noexcept {

@@ -18,8 +18,8 @@ namespace hybra::engine::detail {
 class HelpBoard {
  public:
   // Runs body(c) for every chunk c in [0, chunks) and returns when all have
-  // run. Chunks are claimed in order, by the calling thread until none is
-  // left and by threads in help(). While another post is in progress (or with
+  // run. The calling thread runs chunk 0, then the rest are claimed in order
+  // by it and by threads in help(). While another post is in progress (or with
   // more than max_chunks), runs them all on the calling thread. body must not
   // throw.
   static constexpr int max_chunks = 0xffff;
@@ -32,7 +32,12 @@ class HelpBoard {
     job_ = {[](void* b, int c) { (*static_cast<Body*>(b))(c); }, &body, context};
     finished_.store(0, std::memory_order_relaxed);
     generation_ = (generation_ + 1) & 0xffffffffu;
-    claim_.store(pack(generation_, chunks, 0), std::memory_order_release);
+    // Posted with the first chunk already claimed by the poster: a helper
+    // that arrives at once then finds the line as the post left it, rather
+    // than losing a compare-exchange to the poster's.
+    claim_.store(pack(generation_, chunks, 1), std::memory_order_release);
+    body(0);
+    finished_.fetch_add(1, std::memory_order_relaxed);
     while (take(true)) {
     }
     // Only chunks a helper is running are left: no wait here outlasts one,
@@ -50,6 +55,7 @@ class HelpBoard {
     void* body = nullptr;
     Context context;  // the poster's: the chunk runs as part of its op
   };
+  static_assert(sizeof(std::atomic<std::uint64_t>) + sizeof(Job) <= 64, "the claim word and the job share a cache line");
 
   // The claim word: generation (32 bits) | chunks (16) | next chunk (16). The
   // generation makes a helper's compare-exchange on a word it read during an
@@ -78,12 +84,14 @@ class HelpBoard {
     }
   }
 
+  // The claim word and the job share a line: a helper's first look at a
+  // post brings both to its core at once.
   alignas(64) std::atomic<std::uint64_t> claim_{0};
+  Job job_;
   alignas(64) std::atomic<int> finished_{0};
   // The poster's own: written only between busy_'s acquire and release.
   alignas(64) std::atomic<bool> busy_{false};
   std::uint64_t generation_ = 0;
-  Job job_;
 };
 
 // The process's board: any engine's waiting threads may help any op.
@@ -92,10 +100,17 @@ inline HelpBoard& help_board() noexcept {
   return board;
 }
 
-// spin_until(ready), running posted chunks while it spins.
+// spin_until(ready), running posted chunks while it spins. Each chunk run
+// starts the spin over: a thread that has just helped is likely to be asked
+// again soon (the next call of a batch-1 forward), and waking it from sleep
+// would take longer than the chunk.
 template <class Ready>
 bool spin_helping_until(Ready&& ready) {
-  return spin_until([&] { return ready() || (help_board().help(), false); });
+  for (;;) {
+    bool helped = false;
+    if (!spin_until([&] { return ready() || (helped = help_board().help()); })) return false;
+    if (!helped) return true;
+  }
 }
 
 }  // namespace hybra::engine::detail

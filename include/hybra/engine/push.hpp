@@ -60,9 +60,11 @@ inline bool covers_storage(const Tensor& t) {
 // Writes to part of a storage (a view) are ordered as read-modify-writes.
 // Called from inside an engine op, fn runs at once: the enclosing op's
 // inputs are ready and whatever it created since is complete. An op writing
-// a meta tensor is dropped: it has nothing to compute.
+// a meta tensor is dropped: it has nothing to compute. A brief op may run
+// before push_op returns (engine.hpp, "Brief ops").
 template <class F>
-void push_op(std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn) {
+void push_op(std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn,
+             engine::OpLength length = engine::OpLength::unknown) {
   if (writes.empty()) fail<ValueError>("push_op: op '", name, "' writes no tensor");
   for (TensorRefs list : {reads, writes})
     for (const Tensor* t : list)
@@ -79,7 +81,8 @@ void push_op(std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn)
     if (!detail::covers_storage(*t)) read_vars.push_back(t->storage()->var());
   }
   engine::get().push(name, std::forward<F>(fn), std::span<const engine::Var>(read_vars.data(), read_vars.size()),
-                     std::span<const engine::Var>(write_vars.data(), write_vars.size()), writes.front().device());
+                     std::span<const engine::Var>(write_vars.data(), write_vars.size()), writes.front().device(),
+                     length);
 }
 
 // Blocks until every queued op has finished, then rethrows the earliest
