@@ -15,7 +15,8 @@ find_dependency(BLAS)
 find_dependency(ZLIB)
 
 function(hybra_link_dependencies target)
-  target_link_libraries(${target} INTERFACE Boost::headers Boost::json BLAS::BLAS ZLIB::ZLIB m)
+  # CMAKE_DL_LIBS: dlopen, through which hybra reaches CUDA (backend/cuda/library.hpp).
+  target_link_libraries(${target} INTERFACE Boost::headers Boost::json BLAS::BLAS ZLIB::ZLIB m ${CMAKE_DL_LIBS})
   if(HYBRA_OPENMP)
     target_link_libraries(${target} INTERFACE OpenMP::OpenMP_CXX)
   else()

@@ -10,6 +10,8 @@
 #include "graph/passes.hpp"
 #include "graph/symbol.hpp"
 #include "jit/cpu_plan.hpp"
+#include "jit/cuda_source.hpp"
+#include "backend/cuda/driver.hpp"
 #include "nn/block.hpp"
 #include "nn/conv_layers.hpp"
 #include "nn/init.hpp"

@@ -13,6 +13,8 @@ enum class DeviceKind : unsigned char { cpu, cuda, meta };
 struct Device {
   DeviceKind kind = DeviceKind::cpu;
   int id = 0;
+  // == spelled out: nvcc's front end drops the one a defaulted <=> implies.
+  friend constexpr bool operator==(const Device&, const Device&) = default;
   friend constexpr auto operator<=>(const Device&, const Device&) = default;
 };
 

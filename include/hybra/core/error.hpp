@@ -18,6 +18,9 @@ class DeviceError : public Error { public: using Error::Error; };
 class AxisError : public Error { public: using Error::Error; };
 class OutOfMemory : public Error { public: using Error::Error; };
 class ValueError : public Error { public: using Error::Error; };
+// Generated code the run-time compiler (NVRTC) refused: the message carries
+// its log and the numbered source.
+class CompileError : public Error { public: using Error::Error; };
 
 namespace detail {
 template <class... Parts>

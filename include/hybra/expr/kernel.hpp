@@ -3,10 +3,13 @@
 // Yap tree, with tensor leaves turned into pointers. `k(i)` computes element
 // i of the whole expression; the compiler inlines it into one vector loop.
 // Each node's C++ type follows the op table's dtype rule at compile time.
+// Element access is host and device code: nvcc instantiates the same tree in
+// a CUDA kernel (kernels/evaluate.cuh).
 #include <cstdint>
 #include <tuple>
 #include <utility>
 
+#include "../core/macros.hpp"
 #include "fold.hpp"
 
 namespace hybra::kernel {
@@ -26,7 +29,7 @@ struct flat_leaf {
   static constexpr bool weak = false;
   static constexpr bool costly = false;
   const T* p;
-  T operator()(std::int64_t i) const { return p[i]; }
+  HYBRA_HD T operator()(std::int64_t i) const { return p[i]; }
   void prefetch(std::int64_t i) const { __builtin_prefetch(p + i); }
 };
 
@@ -37,7 +40,7 @@ struct strided_leaf {
   static constexpr bool costly = false;
   const T* p;
   std::int64_t stride;
-  T operator()(std::int64_t i) const { return p[i * stride]; }
+  HYBRA_HD T operator()(std::int64_t i) const { return p[i * stride]; }
 };
 
 template <class S>
@@ -46,7 +49,7 @@ struct scalar_leaf {
   static constexpr bool weak = true;
   static constexpr bool costly = false;
   S v;
-  S operator()(std::int64_t) const { return v; }
+  HYBRA_HD S operator()(std::int64_t) const { return v; }
   void prefetch(std::int64_t) const {}
 };
 
@@ -57,14 +60,14 @@ struct node {
   static constexpr bool costly = Op::costly || (Args::costly || ...);
   std::tuple<Args...> args;
 
-  type operator()(std::int64_t i) const { return eval(i, std::index_sequence_for<Args...>{}); }
+  HYBRA_HD type operator()(std::int64_t i) const { return eval(i, std::index_sequence_for<Args...>{}); }
   void prefetch(std::int64_t i) const {
     std::apply([i](const auto&... a) { (a.prefetch(i), ...); }, args);
   }
 
  private:
   template <std::size_t... I>
-  type eval(std::int64_t i, std::index_sequence<I...>) const {
+  HYBRA_HD type eval(std::int64_t i, std::index_sequence<I...>) const {
     if constexpr (Op::rule == op::DTypeRule::select)
       return Op::apply(std::get<0>(args)(i) != 0, static_cast<type>(std::get<1>(args)(i)),
                        static_cast<type>(std::get<2>(args)(i)));

@@ -13,6 +13,16 @@
 //   costly  true when apply costs tens of instructions per element (a call
 //           into vector math on the CPU): a fused loop containing such an op
 //           is compute-bound and prefetches its operands (expr/evaluate.hpp)
+//
+// The entries up to `where` are also CUDA device code: NVRTC compiles this
+// header into every generated kernel (jit/cuda_source.hpp), which calls
+// Op::apply as the CPU loops do. NVRTC has no host standard library, so
+// there libcu++ (CCCL's cuda::std) stands in for <cmath> and <type_traits>,
+// and the dtype rules below, which are host-only, are left out.
+#ifdef __CUDACC_RTC__
+#include <cuda/std/cmath>
+#include <cuda/std/type_traits>
+#else
 #include <cmath>
 #include <cstdint>
 #include <string_view>
@@ -21,9 +31,21 @@
 
 #include "../backend/cpu/vector_math.hpp"
 #include "../core/dtype.hpp"
+#endif
 #include "../core/macros.hpp"
 
 namespace hybra::op {
+
+#ifdef __CUDACC_RTC__
+namespace math = cuda::std;
+struct text {  // an op's name where std::string_view is missing
+  const char* data;
+  constexpr text(const char* s) : data(s) {}  // NOLINT(google-explicit-constructor)
+};
+#else
+namespace math = std;
+using text = std::string_view;
+#endif
 
 enum class DTypeRule {
   promote,        // operands promote to a common type, which is the result
@@ -35,8 +57,8 @@ namespace detail {
 // Signed overflow is undefined in C++; tensors wrap around like NumPy's.
 template <class T, class F>
 HYBRA_HD constexpr T wrapping(T a, T b, F f) {
-  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
-    using U = std::make_unsigned_t<T>;
+  if constexpr (math::is_integral_v<T> && math::is_signed_v<T>) {
+    using U = math::make_unsigned_t<T>;
     return static_cast<T>(f(static_cast<U>(a), static_cast<U>(b)));
   } else {
     return static_cast<T>(f(a, b));
@@ -45,7 +67,7 @@ HYBRA_HD constexpr T wrapping(T a, T b, F f) {
 template <class T>
 HYBRA_HD constexpr T int_pow(T base, T exp) {
   if (exp < 0) return base == 1 ? T(1) : base == T(-1) ? (exp % 2 ? T(-1) : T(1)) : T(0);
-  using U = std::make_unsigned_t<T>;
+  using U = math::make_unsigned_t<T>;
   U result = 1, b = static_cast<U>(base);
   for (auto e = static_cast<U>(exp); e; e >>= 1, b *= b)
     if (e & 1) result *= b;
@@ -53,16 +75,16 @@ HYBRA_HD constexpr T int_pow(T base, T exp) {
 }
 }  // namespace detail
 
-template <std::string_view const& Name, std::string_view const& Symbol, int Arity, DTypeRule Rule>
+template <text const& Name, text const& Symbol, int Arity, DTypeRule Rule>
 struct entry {
-  static constexpr std::string_view name = Name;
-  static constexpr std::string_view symbol = Symbol;
+  static constexpr text name = Name;
+  static constexpr text symbol = Symbol;
   static constexpr int arity = Arity;
   static constexpr DTypeRule rule = Rule;
   static constexpr bool costly = false;
 };
 
-#define HYBRA_OP_NAME(id, text) inline constexpr std::string_view id##_name = text;
+#define HYBRA_OP_NAME(id, spelling) inline constexpr text id##_name = spelling;
 HYBRA_OP_NAME(none, "")
 HYBRA_OP_NAME(add, "add") HYBRA_OP_NAME(plus, "+")
 HYBRA_OP_NAME(subtract, "subtract") HYBRA_OP_NAME(minus, "-")
@@ -120,28 +142,28 @@ struct not_equal : entry<not_equal_name, ne_name, 2, promote> {
 };
 struct exp : entry<exp_name, none_name, 1, promote_float> {
   static constexpr bool costly = true;
-  template <class T> HYBRA_HD static T apply(T a) { return std::exp(a); }
+  template <class T> HYBRA_HD static T apply(T a) { return math::exp(a); }
 };
 struct log : entry<log_name, none_name, 1, promote_float> {
   static constexpr bool costly = true;
-  template <class T> HYBRA_HD static T apply(T a) { return std::log(a); }
+  template <class T> HYBRA_HD static T apply(T a) { return math::log(a); }
 };
 struct sqrt : entry<sqrt_name, none_name, 1, promote_float> {
-  template <class T> HYBRA_HD static T apply(T a) { return std::sqrt(a); }
+  template <class T> HYBRA_HD static T apply(T a) { return math::sqrt(a); }
 };
 struct abs : entry<abs_name, none_name, 1, promote> {
   template <class T> HYBRA_HD static constexpr T apply(T a) {
-    if constexpr (std::is_unsigned_v<T>) return a;
+    if constexpr (math::is_unsigned_v<T>) return a;
     else return a < T(0) ? negative::apply(a) : a;
   }
 };
 struct tanh : entry<tanh_name, none_name, 1, promote_float> {
   static constexpr bool costly = true;
-  template <class T> HYBRA_HD static T apply(T a) { return std::tanh(a); }
+  template <class T> HYBRA_HD static T apply(T a) { return math::tanh(a); }
 };
 struct sigmoid : entry<sigmoid_name, none_name, 1, promote_float> {
   static constexpr bool costly = true;
-  template <class T> HYBRA_HD static T apply(T a) { return T(1) / (T(1) + std::exp(-a)); }
+  template <class T> HYBRA_HD static T apply(T a) { return T(1) / (T(1) + math::exp(-a)); }
 };
 // Written as a select on `a < 0` (not `a > 0 ? a : 0`) so NaN propagates and
 // GCC emits a vector blend/max rather than leaving the loop scalar.
@@ -151,8 +173,8 @@ struct relu : entry<relu_name, none_name, 1, promote> {
 struct pow : entry<pow_name, none_name, 2, promote> {
   static constexpr bool costly = true;
   template <class T> HYBRA_HD static T apply(T a, T b) {
-    if constexpr (std::is_integral_v<T>) return detail::int_pow(a, b);
-    else return std::pow(a, b);
+    if constexpr (math::is_integral_v<T>) return detail::int_pow(a, b);
+    else return math::pow(a, b);
   }
 };
 // NaN in either operand gives NaN, as NumPy's maximum/minimum.
@@ -166,6 +188,7 @@ struct where : entry<where_name, none_name, 3, select> {
   template <class T> HYBRA_HD static constexpr T apply(bool c, T a, T b) { return c ? a : b; }
 };
 
+#ifndef __CUDACC_RTC__
 // Every elementwise op, for the layers that look ops up by name or number at
 // run time (the graph, fused CPU loops of captured graphs). A new op's struct
 // goes here too.
@@ -202,5 +225,7 @@ DType result_dtype(std::initializer_list<DType> operands) {
   if (Op::rule == promote_float && !is_floating(d)) d = DType::float32;
   return d;
 }
+
+#endif  // __CUDACC_RTC__
 
 }  // namespace hybra::op

@@ -1,0 +1,137 @@
+#pragma once
+// NVRTC, CUDA's run-time compiler, loaded at run time (library.hpp): CUDA
+// C++ source in, PTX out. It needs no GPU, so every kernel hybra generates
+// is compiled and checked on machines without one.
+//
+// HYBRA_JIT_VERBOSE=1 prints each program's source to stderr before it is
+// compiled. A failed compile throws CompileError with NVRTC's log and the
+// source, its lines numbered as the log refers to them.
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "library.hpp"
+
+namespace hybra::backend::cuda {
+
+// Where the toolkit's headers are (CCCL for Thrust/CUB and libcu++, then the
+// CUDA headers): $HYBRA_CUDA_HOME, else $CUDA_HOME, else /usr/local/cuda.
+inline std::vector<std::string> cuda_include_dirs() {
+  std::string home = "/usr/local/cuda";
+  for (const char* var : {"HYBRA_CUDA_HOME", "CUDA_HOME"})
+    if (const char* v = std::getenv(var); v && *v) {
+      home = v;
+      break;
+    }
+  return {home + "/include/cccl", home + "/include"};
+}
+
+class Nvrtc {
+ public:
+  Nvrtc()
+      : lib_({"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so"}) {
+    if (!lib_.loaded()) return;
+    version_ = lib_.function<int (*)(int*, int*)>("nvrtcVersion");
+    create_ = lib_.function<int (*)(void**, const char*, const char*, int, const char* const*, const char* const*)>(
+        "nvrtcCreateProgram");
+    compile_ = lib_.function<int (*)(void*, int, const char* const*)>("nvrtcCompileProgram");
+    log_size_ = lib_.function<int (*)(void*, std::size_t*)>("nvrtcGetProgramLogSize");
+    log_ = lib_.function<int (*)(void*, char*)>("nvrtcGetProgramLog");
+    ptx_size_ = lib_.function<int (*)(void*, std::size_t*)>("nvrtcGetPTXSize");
+    ptx_ = lib_.function<int (*)(void*, char*)>("nvrtcGetPTX");
+    destroy_ = lib_.function<int (*)(void**)>("nvrtcDestroyProgram");
+    error_string_ = lib_.function<const char* (*)(int)>("nvrtcGetErrorString");
+  }
+
+  bool loaded() const { return lib_.loaded(); }
+  // Why NVRTC is not loaded (each library name tried, and what failed).
+  const std::string& problem() const { return lib_.error(); }
+
+  // "13.0": part of every cache key, since another NVRTC may compile the same
+  // source to other code.
+  std::string version() const {
+    require("nvrtcVersion");
+    int major = 0, minor = 0;
+    version_(&major, &minor);
+    return hybra::detail::concat(major, '.', minor);
+  }
+
+  // PTX for a virtual architecture such as "compute_90", which the driver
+  // finishes for the GPU at load time.
+  std::string compile_ptx(std::string_view source, const std::string& name, const std::string& arch,
+                          const std::vector<std::string>& extra_options = {}) const {
+    require(name);
+    const std::string text(source);
+    if (const char* v = std::getenv("HYBRA_JIT_VERBOSE"); v && std::string_view(v) == "1")
+      std::fprintf(stderr, "hybra jit: %s for %s\n%s\n", name.c_str(), arch.c_str(), text.c_str());
+    // Unannotated functions are device code: hybra's headers compiled into a
+    // kernel (the op table) mark theirs only for nvcc.
+    std::vector<std::string> options{"--gpu-architecture=" + arch, "-std=c++20", "-default-device"};
+    for (const auto& dir : cuda_include_dirs()) options.push_back("-I" + dir);
+    options.insert(options.end(), extra_options.begin(), extra_options.end());
+    std::vector<const char*> argv;
+    for (const auto& o : options) argv.push_back(o.c_str());
+
+    void* program = nullptr;
+    check(create_(&program, text.c_str(), name.c_str(), 0, nullptr, nullptr), "nvrtcCreateProgram", name);
+    struct Destroy {
+      const Nvrtc& n;
+      void*& p;
+      ~Destroy() { n.destroy_(&p); }
+    } destroy{*this, program};
+    const int compiled = compile_(program, static_cast<int>(argv.size()), argv.data());
+    if (compiled != 0) {
+      std::size_t size = 0;
+      log_size_(program, &size);
+      std::string log(size, '\0');
+      if (size) log_(program, log.data());
+      while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
+      fail<CompileError>("NVRTC could not compile ", name, " for ", arch, " (", error_string_(compiled), "):\n", log,
+                         "\n--- ", name, " ---\n", numbered(text));
+    }
+    std::size_t size = 0;
+    check(ptx_size_(program, &size), "nvrtcGetPTXSize", name);
+    std::string ptx(size, '\0');
+    check(ptx_(program, ptx.data()), "nvrtcGetPTX", name);
+    while (!ptx.empty() && ptx.back() == '\0') ptx.pop_back();
+    return ptx;
+  }
+
+ private:
+  void require(std::string_view what) const {
+    if (!lib_.loaded()) fail<DeviceError>("CUDA: NVRTC is needed for ", what, " but could not be loaded: ", problem());
+  }
+  void check(int result, const char* call, const std::string& name) const {
+    if (result != 0) fail<CompileError>("NVRTC: ", call, " failed for ", name, ": ", error_string_(result));
+  }
+  static std::string numbered(const std::string& text) {
+    std::ostringstream os;
+    std::istringstream in(text);
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) os << n << ": " << line << '\n';
+    return os.str();
+  }
+
+  SharedLibrary lib_;
+  int (*version_)(int*, int*) = nullptr;
+  int (*create_)(void**, const char*, const char*, int, const char* const*, const char* const*) = nullptr;
+  int (*compile_)(void*, int, const char* const*) = nullptr;
+  int (*log_size_)(void*, std::size_t*) = nullptr;
+  int (*log_)(void*, char*) = nullptr;
+  int (*ptx_size_)(void*, std::size_t*) = nullptr;
+  int (*ptx_)(void*, char*) = nullptr;
+  int (*destroy_)(void**) = nullptr;
+  const char* (*error_string_)(int) = nullptr;
+};
+
+// The process's NVRTC, loaded on first use.
+inline const Nvrtc& nvrtc() {
+  static const Nvrtc n;
+  return n;
+}
+
+}  // namespace hybra::backend::cuda

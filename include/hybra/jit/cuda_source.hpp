@@ -1,0 +1,158 @@
+#pragma once
+// CUDA source for a fused elementwise program (backend/cpu/fused_loop.hpp's
+// FusedProgram, what a captured graph's fused groups and an eager
+// expression's ops become): one kernel, one thread per element, each
+// instruction a call of its op's `apply` from the op table, which NVRTC
+// compiles from ops/elementwise.hpp itself, so the GPU computes what the
+// CPU loops compute, from the same line of code.
+//
+// The kernel's name is a hash of its body: the same program always gets the
+// same source, and so one compile for the kernel cache (kernel_cache.hpp).
+#include <array>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "../backend/cpu/fused_loop.hpp"
+#include "../expr/print.hpp"
+#include "../graph/registry.hpp"
+#include "cuda_ptx.hpp"
+
+namespace hybra::jit {
+
+// The C++ type a dtype is in CUDA source.
+inline std::string_view cuda_type(DType d) {
+  switch (d) {
+    case DType::float32: return "float";
+    case DType::float64: return "double";
+    case DType::int32: return "int";
+    case DType::int64: return "long long";
+    case DType::uint8: return "unsigned char";
+  }
+  fail<DTypeError>("cuda: no CUDA type for dtype ", static_cast<int>(d));
+}
+
+namespace detail {
+struct ElementwiseOp {
+  std::string_view name;
+  int arity;
+  op::DTypeRule rule;
+};
+inline const auto& elementwise_op_table() {
+  static const auto table = []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<ElementwiseOp, sizeof...(I)>{ElementwiseOp{std::tuple_element_t<I, op::elementwise_ops>::name,
+                                                                 std::tuple_element_t<I, op::elementwise_ops>::arity,
+                                                                 std::tuple_element_t<I, op::elementwise_ops>::rule}...};
+  }(std::make_index_sequence<std::tuple_size_v<op::elementwise_ops>>{});
+  return table;
+}
+
+// A constant as a literal of the program's type, exactly: floats in hex.
+inline std::string cuda_literal(const backend::cpu::FusedProgram::Constant& c, DType d) {
+  char text[64];
+  if (is_floating(d))
+    std::snprintf(text, sizeof text, "%a", c.real);
+  else
+    std::snprintf(text, sizeof text, "%lldLL", static_cast<long long>(c.integer));
+  return text;
+}
+}  // namespace detail
+
+struct CudaKernel {
+  std::string name;        // its extern "C" name
+  std::string definition;  // the __global__ function; cuda_program() makes sources of definitions
+};
+
+// Parameters: the inputs (const T*, contiguous, one per input register), the
+// output (T*), and the element count (long long).
+inline CudaKernel cuda_elementwise_kernel(const backend::cpu::FusedProgram& p) {
+  const std::string T(cuda_type(p.dtype));
+  auto reg = [](int r) { return "r" + std::to_string(r); };
+  std::string body;
+  for (int k = 0; k < p.inputs; ++k) body += "    const T " + reg(k) + " = in" + std::to_string(k) + "[i];\n";
+  for (const auto& c : p.constants) body += "    const T " + reg(c.reg) + " = T(" + detail::cuda_literal(c, p.dtype) + ");\n";
+  const auto& ops = detail::elementwise_op_table();
+  for (const auto& ins : p.code) {
+    if (ins.op < 0 || static_cast<std::size_t>(ins.op) >= ops.size())
+      fail<ValueError>("cuda: fused program instruction names op #", ins.op, ", which is not in the op table");
+    const auto& op = ops[static_cast<std::size_t>(ins.op)];
+    std::string args;
+    for (int a = 0; a < op.arity; ++a) {
+      std::string operand = reg(ins.src[static_cast<std::size_t>(a)]);
+      if (a == 0 && op.rule == op::DTypeRule::select) operand = "(" + operand + " != T(0))";
+      args += (a ? ", " : "") + operand;
+    }
+    body += "    const T " + reg(ins.dst) + " = static_cast<T>(hybra::op::" + std::string(op.name) + "::apply<T>(" +
+            args + "));\n";
+  }
+  body += "    out[i] = " + reg(p.result) + ";\n";
+
+  std::string params;
+  for (int k = 0; k < p.inputs; ++k) params += "const " + T + "* __restrict__ in" + std::to_string(k) + ", ";
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a64(T + '\n' + body)));
+  CudaKernel k;
+  k.name = std::string("hybra_fused_") + hash;
+  k.definition = "extern \"C\" __global__ void " + k.name + "(" + params + T + "* __restrict__ out, long long n) {\n" +
+                 "  using T = " + T + ";\n" +
+                 "  const long long stride = static_cast<long long>(blockDim.x) * gridDim.x;\n" +
+                 "  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n; i += stride) {\n" +
+                 body + "  }\n}\n";
+  return k;
+}
+
+// The fused program of an eager expression whose tensors share one dtype
+// and whose result has it too (what the CPU runs as one flat loop): tensor
+// leaves are the inputs in fold order, scalars constants of that dtype.
+template <class E>
+backend::cpu::FusedProgram fused_program(const E& e) {
+  std::vector<DType> dtypes;
+  auto collect = [&](const auto& value) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(value)>, Tensor>) dtypes.push_back(value.dtype());
+    return 0;
+  };
+  auto ignore = [](auto, auto...) { return 0; };
+  fold(e, collect, ignore);
+  if (dtypes.empty()) fail<ValueError>("cuda: the expression ", to_string(e), " has no tensor");
+  backend::cpu::FusedProgram p;
+  p.dtype = dtypes.front();
+  for (DType d : dtypes)
+    if (d != p.dtype)
+      fail<DTypeError>("cuda: ", to_string(e), " mixes ", name(p.dtype), " and ", name(d),
+                       "; one kernel takes tensors of one dtype (convert with astype first)");
+  dispatch(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<kernel::result_t<E, T>, T>)
+      fail<DTypeError>("cuda: ", to_string(e), " on ", name(p.dtype), " tensors computes another dtype; "
+                       "one kernel computes in its tensors' dtype (convert with astype first)");
+  });
+  p.inputs = static_cast<int>(dtypes.size());
+  int next_input = 0, next_register = p.inputs;
+  auto leaf = [&](const auto& value) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(value)>, Tensor>) {
+      return next_input++;
+    } else {
+      p.constants.push_back({next_register, static_cast<double>(value), static_cast<std::int64_t>(value)});
+      return next_register++;
+    }
+  };
+  auto node = [&]<class Op>(Op, auto... operands) {
+    p.code.push_back({graph::detail::elementwise_index<Op>(), next_register, {operands...}});
+    return next_register++;
+  };
+  p.result = fold(e, leaf, node);
+  p.registers = next_register;
+  return p;
+}
+
+// One NVRTC program holding the kernels: one compile, one module.
+inline std::string cuda_program(const std::vector<CudaKernel>& kernels) {
+  std::string source = "#include <hybra/ops/elementwise.hpp>\n";
+  for (const auto& k : kernels) source += "\n" + k.definition;
+  return source;
+}
+
+}  // namespace hybra::jit

@@ -1,0 +1,223 @@
+// The CUDA groundwork that needs no GPU: the driver probed at run time (on a
+// machine without one, the status says why), NVRTC compiling to PTX for
+// sm_90, its errors, the kernel cache's memory and disk halves (with
+// corrupt, foreign, truncated and evicted entries), and every elementwise op
+// of the table generated as CUDA and compiled for sm_90.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <hybra/hybra.hpp>
+#include <string>
+#include <unistd.h>
+
+using namespace hybra;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string saxpy = R"(extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + y[i];
+}
+)";
+
+// A fresh directory, removed at the end of the test.
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("hybra-kernel-cache-" + std::to_string(::getpid()));
+  TempDir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void write(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: the driver is probed at run time; with no GPU the status says why") {
+  const auto& s = backend::cuda::driver_status();
+  CHECK(s.gpus.empty() == !s.problem.empty());
+  if (s.library.empty()) CHECK(s.problem.find("libcuda.so.1") != std::string::npos);
+  MESSAGE("CUDA driver: ", s.gpus.empty() ? s.problem : s.gpus.front().name);
+}
+
+TEST_CASE("cuda: NVRTC compiles CUDA C++ to PTX for sm_90 without a GPU") {
+  const auto& nvrtc = backend::cuda::nvrtc();
+  REQUIRE_MESSAGE(nvrtc.loaded(), "NVRTC (the CUDA toolkit) is needed: ", nvrtc.problem());
+  const std::string ptx = nvrtc.compile_ptx(saxpy, "saxpy.cu", "compute_90");
+  CHECK(ptx.find(".target sm_90") != std::string::npos);
+  CHECK(ptx.find(".entry saxpy") != std::string::npos);
+  CHECK(ptx.find("fma.rn.f32") != std::string::npos);
+}
+
+TEST_CASE("cuda: an NVRTC failure carries the compiler's log and the numbered source") {
+  const std::string bad = "extern \"C\" __global__ void broken(float* y) {\n  y[0] = undeclared;\n}\n";
+  try {
+    backend::cuda::nvrtc().compile_ptx(bad, "broken.cu", "compute_90");
+    FAIL("NVRTC accepted an undeclared identifier");
+  } catch (const CompileError& e) {
+    const std::string what = e.what();
+    CHECK(what.find("NVRTC could not compile broken.cu for compute_90") != std::string::npos);
+    CHECK(what.find("identifier \"undeclared\" is undefined") != std::string::npos);
+    CHECK(what.find("2:   y[0] = undeclared;") != std::string::npos);
+  }
+}
+
+TEST_CASE("cuda: the kernel cache serves memory, then disk to a new process, and rebuilds bad entries") {
+  TempDir dir;
+  int builds = 0;
+  auto build = [&] {
+    ++builds;
+    return backend::cuda::nvrtc().compile_ptx(saxpy, "saxpy.cu", "compute_90");
+  };
+  const std::string key = "test key: saxpy for compute_90";
+  jit::KernelCache first(dir.path, 1 << 20);
+  const std::string ptx = first.get(key, build);
+  CHECK(first.get(key, build) == ptx);
+  CHECK(builds == 1);
+  CHECK(first.stats().memory_hits == 1);
+  REQUIRE(fs::exists(first.path_of(key)));
+
+  // Another process: the disk entry, no compile.
+  jit::KernelCache second(dir.path, 1 << 20);
+  CHECK(second.get(key, build) == ptx);
+  CHECK(builds == 1);
+  CHECK(second.stats().disk_hits == 1);
+
+  // A flipped byte in the code, a truncated file, an entry for another key
+  // under this key's name, a wrong magic: each is rejected and rebuilt.
+  const std::string good = read(first.path_of(key));
+  std::string flipped = good, foreign = good, magic = good;
+  flipped[flipped.size() - 10] ^= 1;
+  foreign[16] ^= 1;  // inside the stored key text
+  magic[0] = 'X';
+  int expected_builds = 1;
+  for (const std::string& bad : {flipped, good.substr(0, good.size() / 2), foreign, magic, std::string()}) {
+    write(first.path_of(key), bad);
+    jit::KernelCache fresh(dir.path, 1 << 20);
+    CHECK(fresh.get(key, build) == ptx);
+    CHECK(fresh.stats().rejected == 1);
+    CHECK(builds == ++expected_builds);
+    CHECK(read(first.path_of(key)) == good);  // rewritten whole
+  }
+}
+
+TEST_CASE("cuda: cuda_ptx compiles once per source and architecture") {
+  TempDir dir;
+  jit::KernelCache cache(dir.path, 1 << 20);
+  const std::string a = jit::cuda_ptx(saxpy, "saxpy.cu", "compute_90", cache);
+  CHECK(jit::cuda_ptx(saxpy, "saxpy.cu", "compute_90", cache) == a);
+  CHECK(cache.stats().builds == 1);
+  CHECK(cache.stats().memory_hits == 1);
+  const std::string b = jit::cuda_ptx(saxpy, "saxpy.cu", "compute_80", cache);
+  CHECK(cache.stats().builds == 2);
+  CHECK(b.find(".target sm_80") != std::string::npos);
+}
+
+TEST_CASE("cuda: the kernel cache stays within its size bound, dropping the least recently used") {
+  TempDir dir;
+  const std::string code(1000, 'p');
+  jit::KernelCache cache(dir.path, 2500);  // room for two entries of ~1050 bytes
+  cache.get("a", [&] { return code; });
+  fs::last_write_time(cache.path_of("a"), fs::file_time_type::clock::now() - std::chrono::hours(2));
+  cache.get("b", [&] { return code; });
+  fs::last_write_time(cache.path_of("b"), fs::file_time_type::clock::now() - std::chrono::hours(1));
+  cache.get("c", [&] { return code; });
+  CHECK_FALSE(fs::exists(cache.path_of("a")));
+  CHECK(fs::exists(cache.path_of("b")));
+  CHECK(fs::exists(cache.path_of("c")));
+  // A cache whose directory cannot be made still builds and keeps in memory.
+  jit::KernelCache nowhere(dir.path / "file" / "below", 1 << 20);
+  write(dir.path / "file", "not a directory");
+  int builds = 0;
+  CHECK(nowhere.get("k", [&] { return ++builds, std::string("code"); }) == "code");
+  CHECK(nowhere.get("k", [&] { return ++builds, std::string("code"); }) == "code");
+  CHECK(builds == 1);
+}
+
+TEST_CASE("cuda: every elementwise op of the table compiles to a CUDA kernel for sm_90, in every dtype it takes") {
+  TempDir dir;
+  jit::KernelCache cache(dir.path, 16 << 20);
+  const auto count = static_cast<int>(std::tuple_size_v<op::elementwise_ops>);
+  int compiled = 0;
+  for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8}) {
+    CAPTURE(name(d));
+    std::vector<jit::CudaKernel> kernels;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      auto add = [&]<class Op>(Op, int index) {
+        if (Op::rule == op::promote_float && !is_floating(d)) return;  // such ops are given floats
+        backend::cpu::FusedProgram p;
+        p.dtype = d;
+        p.inputs = Op::arity;
+        p.code = {{index, Op::arity, {0, 1, 2}}};
+        p.registers = p.result = Op::arity;
+        p.registers += 1;
+        kernels.push_back(jit::cuda_elementwise_kernel(p));
+      };
+      (add(std::tuple_element_t<I, op::elementwise_ops>{}, static_cast<int>(I)), ...);
+    }(std::make_index_sequence<count>{});
+    const std::string ptx = jit::cuda_ptx(jit::cuda_program(kernels), "elementwise_ops.cu", "compute_90", cache);
+    CHECK(ptx.find(".target sm_90") != std::string::npos);
+    for (const auto& k : kernels) {
+      CAPTURE(k.definition);
+      CHECK(ptx.find(".entry " + k.name) != std::string::npos);
+    }
+    compiled += static_cast<int>(kernels.size());
+  }
+  CHECK(compiled == 5 * count - 3 * 6);  // 6 ops make floats of integers
+}
+
+TEST_CASE("cuda: a fused program is one kernel, named by its body, with its constants exact") {
+  // relu(a * b + 2.5), as fusion makes it: registers a, b, 2.5, a*b, +, relu.
+  backend::cpu::FusedProgram p;
+  p.inputs = 2;
+  p.constants = {{2, 2.5, 0}};
+  auto index = [](auto op) { return graph::detail::elementwise_index<decltype(op)>(); };
+  p.code = {{index(op::multiply{}), 3, {0, 1, 0}}, {index(op::add{}), 4, {3, 2, 0}}, {index(op::relu{}), 5, {4, 0, 0}}};
+  p.registers = 6;
+  p.result = 5;
+  const jit::CudaKernel k = jit::cuda_elementwise_kernel(p);
+  CHECK(k.definition.find("hybra::op::multiply::apply<T>(r0, r1)") != std::string::npos);
+  CHECK(k.definition.find("const T r2 = T(0x1.4p+1);") != std::string::npos);
+  CHECK(jit::cuda_elementwise_kernel(p).name == k.name);
+  p.constants[0].real = 3.5;
+  CHECK(jit::cuda_elementwise_kernel(p).name != k.name);
+  p.constants[0].real = 2.5;
+  TempDir dir;
+  jit::KernelCache cache(dir.path, 1 << 20);
+  const std::string ptx = jit::cuda_ptx(jit::cuda_program({k}), "relu_fma.cu", "compute_90", cache);
+  CHECK(ptx.find(".entry " + k.name) != std::string::npos);
+  CHECK(ptx.find("0f40200000") != std::string::npos);  // 2.5f, inlined by the compiler
+  p.code[0].op = 999;
+  CHECK_THROWS_WITH_AS(jit::cuda_elementwise_kernel(p), doctest::Contains("op #999"), ValueError);
+}
+
+TEST_CASE("cuda: an eager expression becomes one CUDA kernel, from its type") {
+  Tensor a = ones({4}), b = ones({4});
+  const auto p = jit::fused_program(relu(a * b + 2));
+  CHECK(p.inputs == 2);
+  CHECK(p.code.size() == 3);
+  REQUIRE(p.constants.size() == 1);
+  CHECK(p.constants[0].real == 2.0);
+  const jit::CudaKernel k = jit::cuda_elementwise_kernel(p);
+  CHECK(k.definition.find("const T r3 = T(0x1p+1);") != std::string::npos);
+  CHECK(k.definition.find("const T r5 = static_cast<T>(hybra::op::relu::apply<T>(r4));") != std::string::npos);
+  CHECK(k.definition.find("out[i] = r5;") != std::string::npos);
+  TempDir dir;
+  jit::KernelCache cache(dir.path, 1 << 20);
+  CHECK(jit::cuda_ptx(jit::cuda_program({k}), "eager.cu", "compute_90", cache).find(".entry " + k.name) !=
+        std::string::npos);
+
+  Tensor i = ones({4}, DType::int32);
+  CHECK_THROWS_WITH_AS(jit::fused_program(a + i), doctest::Contains("mixes float32 and int32"), DTypeError);
+  CHECK_THROWS_WITH_AS(jit::fused_program(exp(i)), doctest::Contains("computes another dtype"), DTypeError);
+  CHECK(jit::fused_program(i * 3 - i).dtype == DType::int32);
+}
