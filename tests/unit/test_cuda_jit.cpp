@@ -5,6 +5,8 @@
 // of the table generated as CUDA and compiled for sm_90.
 #include <doctest/doctest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <hybra/hybra.hpp>
@@ -56,6 +58,25 @@ TEST_CASE("cuda: NVRTC compiles CUDA C++ to PTX for sm_90 without a GPU") {
   CHECK(ptx.find(".target sm_90") != std::string::npos);
   CHECK(ptx.find(".entry saxpy") != std::string::npos);
   CHECK(ptx.find("fma.rn.f32") != std::string::npos);
+}
+
+TEST_CASE("cuda: HYBRA_JIT_VERBOSE=1 prints each program's source before it is compiled") {
+  TempDir dir;
+  const fs::path log = dir.path / "stderr.txt";
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  REQUIRE(std::freopen(log.c_str(), "w", stderr));
+  ::setenv("HYBRA_JIT_VERBOSE", "1", 1);
+  backend::cuda::nvrtc().compile_ptx(saxpy, "verbose.cu", "compute_90");
+  ::unsetenv("HYBRA_JIT_VERBOSE");
+  backend::cuda::nvrtc().compile_ptx(saxpy, "quiet.cu", "compute_90");
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  const std::string printed = read(log);
+  CHECK(printed.find("hybra jit: verbose.cu for compute_90") != std::string::npos);
+  CHECK(printed.find("y[i] = a * x[i] + y[i];") != std::string::npos);
+  CHECK(printed.find("quiet.cu") == std::string::npos);
 }
 
 TEST_CASE("cuda: an NVRTC failure carries the compiler's log and the numbered source") {

@@ -20,7 +20,8 @@ class Storage {
   Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
     if (device == meta()) return;
     if (device.kind != DeviceKind::cpu)
-      fail<DeviceError>("allocate: device ", device, " is not available in this build; use cpu(i)");
+      fail<DeviceError>("allocate: ", device, " is not available: hybra cannot hold tensors on a GPU yet "
+                        "(docs/cuda.md); use cpu(i)");
     if (device.id < 0 || device.id >= max_cpu_devices)
       fail<DeviceError>("allocate: there is no device ", device, "; CPU devices are cpu(0) to cpu(", max_cpu_devices - 1, ")");
     std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
