@@ -37,6 +37,10 @@ struct OpDef {
   // An op that only gradients use (autograd/gradients.hpp): never in a graph
   // a user builds, so never in a model file.
   bool gradient_only = false;
+  // A product's multiply-adds, from its operands and result (meta tensors
+  // will do); null for ops whose work is the bytes they touch. The CPU plan
+  // sizes a call with it (jit::detail::is_brief).
+  std::int64_t (*multiply_adds)(std::span<const Tensor> in, const Tensor& out) = nullptr;
 };
 
 namespace detail {
@@ -120,9 +124,21 @@ inline std::vector<OpDef> op_defs() {
   }(std::make_index_sequence<std::tuple_size_v<op::elementwise_ops>>{});
   using T = std::span<const Tensor>;
   using A = const Attrs&;
-  auto def = [&](std::string_view name, int arity, Tensor (*eval)(T, A)) { defs.push_back(OpDef{name, arity, -1, {}, {}, eval}); };
-  def("matmul", 2, [](T in, A) { return matmul(in[0], in[1]); });
-  def("dot", 2, [](T in, A) { return dot(in[0], in[1]); });
+  using Cost = std::int64_t (*)(T, const Tensor&);
+  auto def = [&](std::string_view name, int arity, Tensor (*eval)(T, A), Cost multiply_adds = nullptr) {
+    defs.push_back(OpDef{name, arity, -1, {}, {}, eval, false, multiply_adds});
+  };
+  // Per output element, a product with weight w (filters first) does one
+  // multiply-add per weight of one filter.
+  static constexpr auto per_filter = [](const Tensor& w) {
+    return w.ndim() ? w.size() / std::max<std::int64_t>(1, w.shape()[0]) : std::int64_t{0};
+  };
+  static constexpr Cost contraction = [](T in, const Tensor& out) {
+    return out.size() * (in[0].ndim() ? in[0].shape().back() : 1);
+  };
+  static constexpr Cost filtered = [](T in, const Tensor& out) { return out.size() * per_filter(in[1]); };
+  def("matmul", 2, [](T in, A) { return matmul(in[0], in[1]); }, contraction);
+  def("dot", 2, [](T in, A) { return dot(in[0], in[1]); }, contraction);
   def("sum", 1, [](T in, A a) { return sum(in[0], reduce_axes(a, "sum"), keepdims_attr(a, "sum")); });
   def("mean", 1, [](T in, A a) { return mean(in[0], reduce_axes(a, "mean"), keepdims_attr(a, "mean")); });
   def("max", 1, [](T in, A a) { return max(in[0], reduce_axes(a, "max"), keepdims_attr(a, "max")); });
@@ -155,7 +171,7 @@ inline std::vector<OpDef> op_defs() {
     if (in.size() != 2 && in.size() != 3)
       fail<ValueError>("fully_connected: takes (data, weight) or (data, weight, bias), not ", in.size(), " inputs");
     return fully_connected(in[0], in[1], in.size() == 3 ? in[2] : Tensor{});
-  });
+  }, filtered);
   def("dropout", 1, [](T in, A a) { return dropout(in[0], parse_double(find_attr(a, "rate", "dropout"), "dropout")); });
   // A (height, width) attribute: "(2, 3)", or one number for both.
   static constexpr auto size2d = [](A a, std::string_view key, std::string_view op) {
@@ -179,7 +195,7 @@ inline std::vector<OpDef> op_defs() {
                        " kernel=", kernel);
     return conv2d(in[0], in[1], no_bias ? Tensor{} : in[2], size2d(a, "stride", "conv2d"), size2d(a, "pad", "conv2d"),
                   size2d(a, "dilate", "conv2d"), int_attr(a, "num_group", "conv2d"));
-  });
+  }, filtered);
   def("pool2d", 1, [](T in, A a) {
     const std::string& type = find_attr(a, "pool_type", "pool2d");
     if (type != "max" && type != "avg") fail<ValueError>("pool2d: pool_type '", type, "' is not max or avg");
@@ -194,8 +210,8 @@ inline std::vector<OpDef> op_defs() {
     return batch_norm(in[0], in[1], in[2], in[3], in[4], parse_double(find_attr(a, "eps", "batch_norm"), "batch_norm"),
                       int_attr(a, "axis", "batch_norm"));
   });
-  auto gradient = [&](std::string_view name, int arity, Tensor (*eval)(T, A)) {
-    defs.push_back(OpDef{name, arity, -1, {}, {}, eval, true});
+  auto gradient = [&](std::string_view name, int arity, Tensor (*eval)(T, A), Cost multiply_adds = nullptr) {
+    defs.push_back(OpDef{name, arity, -1, {}, {}, eval, true, multiply_adds});
   };
   static constexpr auto shape_attr = [](A a, std::string_view op) {
     auto s = parse_tuple(find_attr(a, "shape", op), op);
@@ -211,12 +227,12 @@ inline std::vector<OpDef> op_defs() {
     constexpr std::string_view op = "conv2d_backward_data";
     return conv2d_backward_data(in[0], in[1], shape_attr(a, op), size2d(a, "stride", op), size2d(a, "pad", op),
                                 size2d(a, "dilate", op), int_attr(a, "num_group", op));
-  });
+  }, [](T in, const Tensor&) { return in[0].size() * per_filter(in[1]); });
   gradient("conv2d_backward_weight", 2, [](T in, A a) {
     constexpr std::string_view op = "conv2d_backward_weight";
     return conv2d_backward_weight(in[0], in[1], shape_attr(a, op), size2d(a, "stride", op), size2d(a, "pad", op),
                                   size2d(a, "dilate", op), int_attr(a, "num_group", op));
-  });
+  }, [](T in, const Tensor& out) { return in[0].size() * per_filter(out); });
   // (dy, data), with the forward pool2d's attributes.
   gradient("pool2d_backward", 2, [](T in, A a) {
     constexpr std::string_view op = "pool2d_backward";

@@ -218,19 +218,6 @@ inline backend::cpu::FusedProgram compile(const graph::Graph& body) {
   return p;
 }
 
-// The multiply-adds of node i, for the products (0 for anything else,
-// whose work is proportional to the bytes it touches).
-inline std::int64_t multiply_adds(const graph::Graph& g, const std::vector<Tensor>& layout, std::size_t i) {
-  const auto& n = g.nodes[i];
-  auto input = [&](std::size_t k) -> const Tensor& { return layout[static_cast<std::size_t>(n.inputs[k])]; };
-  auto per_filter = [](const Tensor& w) { return w.ndim() ? w.size() / std::max<std::int64_t>(1, w.shape()[0]) : 0; };
-  if (n.op == "fully_connected" || n.op == "conv2d") return layout[i].size() * per_filter(input(1));
-  if (n.op == "conv2d_backward_data") return input(0).size() * per_filter(input(1));
-  if (n.op == "conv2d_backward_weight") return input(0).size() * per_filter(layout[i]);
-  if (n.op == "matmul" || n.op == "dot") return layout[i].size() * (input(0).ndim() ? input(0).shape().back() : 1);
-  return 0;
-}
-
 // Whether a call is brief (engine.hpp): every value it touches fits in
 // 1 MiB and its products do at most 2^20 multiply-adds. The chapter's batch-1
 // MLP (656 KiB of weights, 164k multiply-adds) runs in ~5 us, while handing a
@@ -240,7 +227,13 @@ inline bool is_brief(const graph::Graph& g, const std::vector<Tensor>& layout) {
   std::int64_t bytes = 0, products = 0;
   for (std::size_t i = 0; i < layout.size(); ++i) {
     bytes += layout[i].size() * static_cast<std::int64_t>(size_of(layout[i].dtype()));
-    products += multiply_adds(g, layout, i);
+    const auto& n = g.nodes[i];
+    if (graph::is_leaf(n) || n.op == "fused") continue;
+    if (auto multiply_adds = graph::find_op(n.op).multiply_adds) {
+      std::vector<Tensor> in;
+      for (std::size_t k = 0; k < graph::own_inputs(n); ++k) in.push_back(layout[static_cast<std::size_t>(n.inputs[k])]);
+      products += multiply_adds(in, layout[i]);
+    }
   }
   return bytes <= brief_bytes && products <= brief_multiply_adds;
 }

@@ -30,7 +30,7 @@ inline const std::string& kernel_headers_hash() {
                            ", where NVRTC will look for it");
       text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
-    return std::to_string(fnv1a64(text));
+    return fnv1a64_hex(text);
   }();
   return hash;
 }

@@ -92,10 +92,8 @@ inline CudaKernel cuda_elementwise_kernel(const backend::cpu::FusedProgram& p) {
 
   std::string params;
   for (int k = 0; k < p.inputs; ++k) params += "const " + T + "* __restrict__ in" + std::to_string(k) + ", ";
-  char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a64(T + '\n' + body)));
   CudaKernel k;
-  k.name = std::string("hybra_fused_") + hash;
+  k.name = "hybra_fused_" + fnv1a64_hex(T + '\n' + body);
   k.definition = "extern \"C\" __global__ void " + k.name + "(" + params + T + "* __restrict__ out, long long n) {\n" +
                  "  using T = " + T + ";\n" +
                  "  const long long stride = static_cast<long long>(blockDim.x) * gridDim.x;\n" +

@@ -41,6 +41,12 @@ inline std::uint64_t fnv1a64(std::string_view bytes) {
   for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
   return h;
 }
+// The same as 16 hex digits: a name for a file or a kernel.
+inline std::string fnv1a64_hex(std::string_view bytes) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(fnv1a64(bytes)));
+  return text;
+}
 
 class KernelCache {
  public:
@@ -85,9 +91,7 @@ class KernelCache {
   const std::filesystem::path& dir() const { return dir_; }
   // The file an entry for key lives in.
   std::filesystem::path path_of(const std::string& key) const {
-    char name[17];
-    std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(fnv1a64(key)));
-    return dir_ / (std::string(name) + ".hkc");
+    return dir_ / (fnv1a64_hex(key) + ".hkc");
   }
 
  private:
