@@ -14,6 +14,7 @@
 #include "expr/evaluate.hpp"
 #include "expr/expression.hpp"
 #include "expr/print.hpp"
+#include "jit/cuda_eager.hpp"
 #include "ops/conv.hpp"
 #include "ops/layout.hpp"
 #include "ops/linalg.hpp"

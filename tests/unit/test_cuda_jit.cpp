@@ -201,7 +201,7 @@ TEST_CASE("cuda: a fused program is one kernel, named by its body, with its cons
   backend::cpu::FusedProgram p;
   p.inputs = 2;
   p.constants = {{2, 2.5, 0}};
-  auto index = [](auto op) { return graph::detail::elementwise_index<decltype(op)>(); };
+  auto index = [](auto op) { return op::elementwise_index<decltype(op)>(); };
   p.code = {{index(op::multiply{}), 3, {0, 1, 0}}, {index(op::add{}), 4, {3, 2, 0}}, {index(op::relu{}), 5, {4, 0, 0}}};
   p.registers = 6;
   p.result = 5;

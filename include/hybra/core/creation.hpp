@@ -1,6 +1,8 @@
 #pragma once
 // Creating tensors: filled, ranges, from C++ containers, random.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 #include <vector>
@@ -12,9 +14,18 @@
 
 namespace hybra {
 
+namespace detail {
+// On a GPU, a fill of 1- or 4-byte elements (or 8-byte ones whose halves
+// match, as zero's) is a memset on the stream; other 8-byte values are
+// filled on the host and copied.
+template <class V>
+Tensor full_on_gpu(const Shape& shape, V value, DType dtype, Device device);
+}  // namespace detail
+
 template <class V>
 Tensor full(const Shape& shape, V value, DType dtype = DType::float32, Device device = cpu()) {
   static_assert(std::is_arithmetic_v<V>, "hybra::full: the fill value must be an arithmetic scalar");
+  if (device.kind == DeviceKind::cuda) return detail::full_on_gpu(shape, value, dtype, device);
   Tensor t(shape, dtype, device);
   push_op("full", {}, {t}, [t, value] {
     dispatch(t.dtype(), [&](auto tag) {
@@ -26,6 +37,25 @@ Tensor full(const Shape& shape, V value, DType dtype = DType::float32, Device de
   });
   return t;
 }
+template <class V>
+Tensor detail::full_on_gpu(const Shape& shape, V value, DType dtype, Device device) {
+  Tensor t(shape, dtype, device);
+  return dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T v = static_cast<T>(value);
+    std::uint32_t words[2] = {};
+    std::memcpy(words, &v, sizeof(T));
+    if (sizeof(T) == 8 && words[0] != words[1]) return full(shape, value, dtype, cpu()).to(device);
+    const int width = sizeof(T) == 1 ? 1 : 4;
+    const auto count = static_cast<std::size_t>(t.size()) * sizeof(T) / static_cast<std::size_t>(width);
+    push_op_on(device, "full", {}, {t}, [t, pattern = words[0], width, count] {
+      backend::cuda::gpu(t.device().id)
+          .fill(reinterpret_cast<backend::cuda::CUdeviceptr>(t.raw_data()), pattern, width, count);
+    });
+    return t;
+  });
+}
+
 inline Tensor zeros(const Shape& shape, DType dtype = DType::float32, Device device = cpu()) {
   return full(shape, 0, dtype, device);
 }
@@ -37,6 +67,7 @@ inline Tensor ones(const Shape& shape, DType dtype = DType::float32, Device devi
 inline Tensor arange(double start, double stop, double step = 1, DType dtype = DType::float32, Device device = cpu()) {
   if (step == 0 || !std::isfinite(start) || !std::isfinite(stop) || !std::isfinite(step))
     fail<ValueError>("arange: start ", start, ", stop ", stop, " and step ", step, " must be finite with step != 0");
+  if (device.kind == DeviceKind::cuda) return arange(start, stop, step, dtype, cpu()).to(device);
   double count = std::ceil((stop - start) / step);
   if (count > 9.0e18) fail<ShapeError>("arange: ", count, " elements do not fit in int64");
   Tensor t(Shape{std::max<std::int64_t>(0, static_cast<std::int64_t>(count))}, dtype, device);
@@ -57,6 +88,7 @@ Tensor array(const std::vector<T>& values, const Shape& shape, Device device = c
   static_assert(is_dtype_v<T>, "hybra::array: element type must be float, double, std::int32_t, std::int64_t or std::uint8_t");
   if (checked_numel(shape, "array") != static_cast<std::int64_t>(values.size()))
     fail<ShapeError>("array: ", values.size(), " values do not fill shape ", to_string(shape));
+  if (device.kind == DeviceKind::cuda) return array(values, shape, cpu()).to(device);
   Tensor t(shape, dtype_of_v<T>, device);
   // Written on the calling thread: no op can know the new tensor yet, and
   // `values` need not be copied to outlive the call.
@@ -92,6 +124,7 @@ namespace detail {
 template <class Draw>
 Tensor random_fill(const Shape& shape, DType dtype, Device device, Generator& gen, Draw draw, const char* op) {
   if (!is_floating(dtype)) fail<DTypeError>(op, ": dtype must be float32 or float64, not ", name(dtype));
+  if (device.kind == DeviceKind::cuda) return random_fill(shape, dtype, cpu(), gen, draw, op).to(device);
   Tensor t(shape, dtype, device);
   if (device == meta()) return t;  // inference only: draws nothing, so later values do not shift
   const std::int64_t n = t.size();

@@ -3,6 +3,8 @@
 #include <ostream>
 #include <vector>
 
+#include "../backend/cuda/driver.hpp"
+
 namespace hybra {
 
 enum class DeviceKind : unsigned char { cpu, cuda, meta };
@@ -24,10 +26,17 @@ constexpr Device meta() { return {DeviceKind::meta, 0}; }
 
 // The logical CPU devices that may be named: cpu(0) .. cpu(max_cpu_devices - 1).
 inline constexpr int max_cpu_devices = 64;
+// The GPUs a process can use: cuda(0) .. cuda(max_gpu_devices - 1), of those the driver sees.
+inline constexpr int max_gpu_devices = 16;
 
 // The devices that exist: cpu(0), standing for the host (which any cpu(i)
-// shares), then each usable GPU. No GPU is usable until the CUDA backend is.
-inline std::vector<Device> devices() { return {cpu(0)}; }
+// shares), then each GPU the CUDA driver sees (none without a driver:
+// backend::cuda::driver_status() says why).
+inline std::vector<Device> devices() {
+  std::vector<Device> all{cpu(0)};
+  for (int i = 0; i < static_cast<int>(backend::cuda::driver_status().gpus.size()); ++i) all.push_back(cuda(i));
+  return all;
+}
 
 inline std::ostream& operator<<(std::ostream& os, Device d) {
   if (d.kind == DeviceKind::meta) return os << "meta";

@@ -51,12 +51,13 @@ void print_axis(std::ostream& os, const Tensor& t, const T* base, int axis, std:
 
 inline std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "<Tensor empty handle>";
-  t.wait_to_read();
-  dispatch(t.dtype(), [&](auto tag) {
+  const Tensor host = t.device().kind == DeviceKind::cuda ? t.to(cpu()) : t;
+  host.wait_to_read();
+  dispatch(host.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T* base = static_cast<const T*>(t.raw_data());
-    if (t.ndim() == 0) os << detail::format_element(base[0]);
-    else detail::print_axis(os, t, base, 0, 0, t.size() > 1000, 0);
+    const T* base = static_cast<const T*>(host.raw_data());
+    if (host.ndim() == 0) os << detail::format_element(base[0]);
+    else detail::print_axis(os, host, base, 0, 0, host.size() > 1000, 0);
   });
   os << "\n<Tensor ";
   if (t.ndim() == 0) os << "()";

@@ -1,12 +1,15 @@
 #pragma once
-// A reference-counted, 64-byte aligned buffer on one device, with the engine
-// var that orders the ops reading and writing it (engine/var.hpp, which needs
-// nothing from core but its errors). A meta storage allocates nothing.
+// A reference-counted buffer on one device, with the engine var that orders
+// the ops reading and writing it (engine/var.hpp, which needs nothing from
+// core but its errors): 64-byte aligned host memory for cpu(i), a block of
+// the GPU's caching allocator for cuda(i) (backend/cuda/memory.hpp). A meta
+// storage allocates nothing.
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 
+#include "../backend/cuda/gpu.hpp"
 #include "../engine/var.hpp"
 #include "device.hpp"
 #include "error.hpp"
@@ -19,9 +22,12 @@ class Storage {
 
   Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
     if (device == meta()) return;
-    if (device.kind != DeviceKind::cpu)
-      fail<DeviceError>("allocate: ", device, " is not available: hybra cannot hold tensors on a GPU yet "
-                        "(docs/cuda.md); use cpu(i)");
+    if (device.kind == DeviceKind::cuda) {
+      auto& memory = backend::cuda::gpu(device.id).memory();
+      data_ = reinterpret_cast<void*>(memory.allocate(bytes));
+      gpu_memory_ = &memory;
+      return;
+    }
     if (device.id < 0 || device.id >= max_cpu_devices)
       fail<DeviceError>("allocate: there is no device ", device, "; CPU devices are cpu(0) to cpu(", max_cpu_devices - 1, ")");
     std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
@@ -31,7 +37,12 @@ class Storage {
   }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
-  ~Storage() { std::free(data_); }
+  ~Storage() {
+    if (gpu_memory_)
+      gpu_memory_->release(reinterpret_cast<backend::cuda::CUdeviceptr>(data_));
+    else
+      std::free(data_);
+  }
 
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
@@ -40,6 +51,7 @@ class Storage {
 
  private:
   void* data_ = nullptr;
+  backend::cuda::CachingAllocator* gpu_memory_ = nullptr;  // set for cuda(i)
   std::size_t bytes_;
   Device device_;
   engine::Var var_;

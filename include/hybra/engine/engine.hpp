@@ -25,6 +25,11 @@
 // side). It is ordered, fails and is waited for like any other op; a
 // sleeping worker is woken to help with its loops (helping.hpp).
 //
+// GPU ops: cuda(i) has one host thread, which runs each op (queuing its
+// kernels and copies on the GPU's stream) and waits for the stream before
+// the op counts as done, so a device-side error fails the op that caused it
+// (backend/cuda/gpu.hpp, run_op).
+//
 // HYBRA_ENGINE_TYPE=NaiveEngine runs every op on the pushing thread before
 // push returns (for debugging; the results and errors are the same).
 #include <algorithm>
@@ -43,9 +48,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "../backend/cuda/gpu.hpp"
 #include "../core/device.hpp"
 #include "../core/error.hpp"
-#include "cpu_device.hpp"
+#include "device_queue.hpp"
 #include "op.hpp"
 #include "helping.hpp"
 #include "sync.hpp"
@@ -182,12 +188,19 @@ class Engine {
   enum State { running, draining, stopped };
 
   detail::OpRecord* make_op(std::string_view name, Vars reads, Vars writes, Device device) {
-    if (device.kind != DeviceKind::cpu)
-      fail<DeviceError>("engine: op '", name, "' pushed to ", device,
-                        ", which the engine does not run yet; use cpu(i)");
-    if (device.id < 0 || device.id >= max_cpu_devices)
+    if (device.kind == DeviceKind::cuda) {
+      if (device.id >= max_gpu_devices)
+        fail<DeviceError>("engine: op '", name, "' pushed to ", device, "; the engine runs cuda(0) to cuda(",
+                          max_gpu_devices - 1, ")");
+      try {
+        backend::cuda::gpu(device.id);
+      } catch (const DeviceError& e) {
+        fail<DeviceError>("engine: op '", name, "' pushed to ", device, ": ", e.what());
+      }
+    } else if (device.kind != DeviceKind::cpu || device.id < 0 || device.id >= max_cpu_devices) {
       fail<DeviceError>("engine: op '", name, "' pushed to ", device, "; the engine has cpu(0) to cpu(",
-                        max_cpu_devices - 1, ")");
+                        max_cpu_devices - 1, ") and the GPUs");
+    }
     detail::OpRecord* op = pool_.acquire();
     try {
       op->name.assign(name);
@@ -231,8 +244,8 @@ class Engine {
       State s = state_.load(std::memory_order_seq_cst);
       if (s != running && !(s == draining && detail::context.engine == this))
         fail("engine: op '", op->name, "' pushed after the engine was shut down");
-      if (!naive_.load(std::memory_order_relaxed)) op->cpu = cpu_device(op->device.id);
-      mark_used(op->device.id);
+      if (!naive_.load(std::memory_order_relaxed)) op->queue = device_queue(op->device);
+      if (op->device.kind == DeviceKind::cpu) mark_used(op->device.id);
     } catch (...) {
       discard(op);
       op_done();
@@ -249,19 +262,19 @@ class Engine {
     if (op->unmet.fetch_sub(granted, std::memory_order_acq_rel) != granted) return;
     // Inside an op, push_op runs its closure directly; the engine's own
     // push from an op is left to a worker, as the pusher may run on for long.
-    if (length == OpLength::brief && op->cpu && !detail::context.op &&
+    if (length == OpLength::brief && op->queue && op->device.kind == DeviceKind::cpu && !detail::context.op &&
         std::has_single_bit(used_cpu_devices_.load(std::memory_order_relaxed))) {
-      detail::CpuDevice* cpu = op->cpu;
+      detail::DeviceQueue* queue = op->queue;
       execute(op);
-      cpu->wake_helper();
+      queue->wake_helper();
     } else {
       dispatch(op);
     }
   }
 
   void dispatch(detail::OpRecord* op) noexcept {
-    if (op->cpu)
-      op->cpu->enqueue(op);
+    if (op->queue)
+      op->queue->enqueue(op);
     else
       execute(op);  // naive
   }
@@ -276,7 +289,10 @@ class Engine {
     if (!failure) {
       detail::ContextScope scope(this, op, op_threads(op));
       try {
-        op->fn();
+        if (op->device.kind == DeviceKind::cuda)
+          backend::cuda::run_op(op->device.id, op->name, op->fn);
+        else
+          op->fn();
       } catch (...) {
         failure = record_failure(*op);
       }
@@ -308,7 +324,7 @@ class Engine {
     failure.reset();
     for (auto& d : op->deps()) d.failure.reset();
     op->n_deps = 0;
-    op->cpu = nullptr;
+    op->queue = nullptr;
     if (auto* returns = detail::worker_slot.returns; returns && &returns->pool() == &pool_)
       returns->add(op);
     else
@@ -415,10 +431,12 @@ class Engine {
            "list the var among the op's reads instead");
   }
 
-  // A worker's share of its device's threads (naive ops run alone).
+  // A worker's share of its device's threads (naive ops run alone); a GPU
+  // op's host thread does no parallel work of its own.
   int op_threads(const detail::OpRecord* op) const {
+    if (op->device.kind == DeviceKind::cuda) return 1;
     int share = device_threads(op->device);
-    return op->cpu ? std::max(1, share / op->cpu->workers()) : share;
+    return op->queue ? std::max(1, share / op->queue->workers()) : share;
   }
 
   void mark_used(int id) noexcept {
@@ -426,14 +444,16 @@ class Engine {
     if (!(used_cpu_devices_.load(std::memory_order_relaxed) & bit)) used_cpu_devices_.fetch_or(bit);
   }
 
-  detail::CpuDevice* cpu_device(int id) {
-    if (auto* d = cpu_devices_[id].load(std::memory_order_acquire)) return d;
+  // cpu(i)'s queue with its workers, or cuda(i)'s with the one thread of its stream.
+  detail::DeviceQueue* device_queue(Device device) {
+    auto& slot = device.kind == DeviceKind::cuda ? gpu_queues_[device.id] : cpu_queues_[device.id];
+    if (auto* q = slot.load(std::memory_order_acquire)) return q;
     std::lock_guard g(devices_mutex_);
-    if (auto* d = cpu_devices_[id].load(std::memory_order_relaxed)) return d;
-    auto* d = new detail::CpuDevice([](detail::OpRecord* op) noexcept { op->engine->execute(op); }, pool_,
-                                    cpu_workers_);
-    cpu_devices_[id].store(d, std::memory_order_release);
-    return d;
+    if (auto* q = slot.load(std::memory_order_relaxed)) return q;
+    auto* q = new detail::DeviceQueue([](detail::OpRecord* op) noexcept { op->engine->execute(op); }, pool_,
+                                      device.kind == DeviceKind::cuda ? 1 : cpu_workers_);
+    slot.store(q, std::memory_order_release);
+    return q;
   }
 
   void drain_and_stop() noexcept {
@@ -443,7 +463,8 @@ class Engine {
     wait_idle();
     state_.store(stopped, std::memory_order_seq_cst);
     std::lock_guard d(devices_mutex_);
-    for (auto& slot : cpu_devices_) delete slot.exchange(nullptr);
+    for (auto& slot : cpu_queues_) delete slot.exchange(nullptr);
+    for (auto& slot : gpu_queues_) delete slot.exchange(nullptr);
   }
 
   // Returns a record that never started.
@@ -474,7 +495,8 @@ class Engine {
   std::condition_variable idle_cv_;
   std::mutex shutdown_mutex_;
   std::mutex devices_mutex_;
-  std::array<std::atomic<detail::CpuDevice*>, max_cpu_devices> cpu_devices_{};
+  std::array<std::atomic<detail::DeviceQueue*>, max_cpu_devices> cpu_queues_{};
+  std::array<std::atomic<detail::DeviceQueue*>, max_gpu_devices> gpu_queues_{};
   std::atomic<std::uint64_t> used_cpu_devices_{0};  // bit i: cpu(i) has had an op
   detail::RecordPool pool_;
   std::mutex failures_mutex_;

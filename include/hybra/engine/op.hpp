@@ -17,7 +17,7 @@
 
 namespace hybra::engine::detail {
 
-class CpuDevice;
+class DeviceQueue;
 
 // The fields a worker reads come first, and the Deps of an op with up to
 // inline_deps vars live in the record itself: their addresses follow from
@@ -27,7 +27,7 @@ struct OpRecord {
   std::atomic<int> unmet{0};  // Deps not yet granted, plus one while push appends them
   int n_deps = 0;
   Engine* engine = nullptr;
-  CpuDevice* cpu = nullptr;  // null: naive, run by whichever thread makes it ready
+  DeviceQueue* queue = nullptr;  // null: naive, run by whichever thread makes it ready
   Device device;
   OpRecord* next = nullptr;  // the device's ready queue
   OpRecord* pool_next = nullptr;

@@ -54,17 +54,18 @@ inline bool covers_storage(const Tensor& t) {
 
 }  // namespace detail
 
-// Queues fn() on the device of writes.front() after every earlier op that
-// writes what it reads, or reads or writes what it writes; returns at once.
-// fn must capture by value what it uses (Tensor copies keep storage alive).
-// Writes to part of a storage (a view) are ordered as read-modify-writes.
-// Called from inside an engine op, fn runs at once: the enclosing op's
-// inputs are ready and whatever it created since is complete. An op writing
-// a meta tensor is dropped: it has nothing to compute. A brief op may run
-// before push_op returns (engine.hpp, "Brief ops").
+// Queues fn() on `device` after every earlier op that writes what it reads,
+// or reads or writes what it writes; returns at once. fn must capture by
+// value what it uses (Tensor copies keep storage alive). Writes to part of a
+// storage (a view) are ordered as read-modify-writes. Called from inside an
+// engine op, fn runs at once: the enclosing op's inputs are ready and
+// whatever it created since is complete. An op writing a meta tensor is
+// dropped: it has nothing to compute. A brief op may run before push_op
+// returns (engine.hpp, "Brief ops"). fn runs where the device's ops run: a
+// GPU op queues its work on the GPU's stream (backend/cuda/gpu.hpp).
 template <class F>
-void push_op(std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn,
-             engine::OpLength length = engine::OpLength::unknown) {
+void push_op_on(Device device, std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn,
+                engine::OpLength length = engine::OpLength::unknown) {
   if (writes.empty()) fail<ValueError>("push_op: op '", name, "' writes no tensor");
   for (TensorRefs list : {reads, writes})
     for (const Tensor* t : list)
@@ -81,8 +82,22 @@ void push_op(std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn,
     if (!detail::covers_storage(*t)) read_vars.push_back(t->storage()->var());
   }
   engine::get().push(name, std::forward<F>(fn), std::span<const engine::Var>(read_vars.data(), read_vars.size()),
-                     std::span<const engine::Var>(write_vars.data(), write_vars.size()), writes.front().device(),
-                     length);
+                     std::span<const engine::Var>(write_vars.data(), write_vars.size()), device, length);
+}
+
+// push_op_on the device of writes.front(), for an op whose kernel runs on
+// the host: a GPU tensor among its operands is refused with an error that
+// names the op (its CUDA kernel does not exist yet, docs/cuda.md).
+template <class F>
+void push_op(std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn,
+             engine::OpLength length = engine::OpLength::unknown) {
+  for (TensorRefs list : {reads, writes})
+    for (const Tensor* t : list)
+      if (t->defined() && t->device().kind == DeviceKind::cuda)
+        fail<DeviceError>(name, ": this op has no CUDA kernel yet, and an operand lives on ", t->device(),
+                          "; copy it with to(cpu()) (docs/cuda.md lists what runs on a GPU)");
+  const Device device = !writes.empty() && writes.front().defined() ? writes.front().device() : cpu();
+  push_op_on(device, name, reads, writes, std::forward<F>(fn), length);  // which checks the lists
 }
 
 // Blocks until every queued op has finished, then rethrows the earliest

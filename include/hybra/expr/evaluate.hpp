@@ -187,10 +187,40 @@ template <class E>
 Tensor evaluate_unfused(const E& e);
 template <class E>
 Tensor evaluate_recorded(const E& e);
+// On a GPU an expression is one kernel NVRTC compiles from its type (jit/cuda_eager.hpp).
+template <class E>
+void push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& out);
+
+// Queues a copy to, from or between GPUs: bytes moved on the GPU's stream
+// (from the host through pinned staging), so one dtype and contiguous
+// layouts on both sides.
+inline void copy_with_gpu(const Tensor& src, const Tensor& dst) {
+  const Device gpu = dst.device().kind == DeviceKind::cuda ? dst.device() : src.device();
+  if (src.dtype() != dst.dtype())
+    fail<DTypeError>("copy from ", src.device(), " to ", dst.device(), ": converting ", name(src.dtype()), " to ",
+                     name(dst.dtype()), " is not done on a GPU yet; convert with astype on the CPU");
+  if (!src.is_contiguous() || !dst.is_contiguous())
+    fail<DeviceError>("copy from ", src.device(), " to ", dst.device(), ": a view of shape ",
+                      to_string(src.is_contiguous() ? dst.shape() : src.shape()),
+                      " that is not contiguous cannot be copied to or from ", gpu,
+                      " yet; make it contiguous on the CPU first");
+  push_op_on(gpu, "copy", {src}, {dst}, [src, dst] {
+    using backend::cuda::CUdeviceptr;
+    const std::size_t bytes = static_cast<std::size_t>(src.size()) * size_of(src.dtype());
+    auto address = [](const Tensor& t) { return reinterpret_cast<CUdeviceptr>(t.raw_data()); };
+    if (src.device().kind != DeviceKind::cuda)
+      backend::cuda::gpu(dst.device().id).copy_from_host(address(dst), src.raw_data(), bytes);
+    else if (dst.device().kind != DeviceKind::cuda)
+      backend::cuda::gpu(src.device().id).copy_to_host(dst.raw_data(), address(src), bytes);
+    else
+      backend::cuda::gpu(dst.device().id).copy_from(address(dst), backend::cuda::gpu(src.device().id), address(src), bytes);
+  });
+}
 
 // Queues writing src into dst (same shape, any layouts, any devices),
 // converting the dtype.
 inline void copy_into(const Tensor& src, const Tensor& dst) {
+  if (src.device().kind == DeviceKind::cuda || dst.device().kind == DeviceKind::cuda) return copy_with_gpu(src, dst);
   push_op("copy", {src}, {dst}, [src, dst] {
     auto e = yap::make_terminal<expression>(src);
     leaf_list leaves{&src};
@@ -218,6 +248,7 @@ auto owning_copy(const E& e) {
 // e's type, e.g. `relu((Tensor * Tensor) + int)`.
 template <class T, class O, class E>
 void push_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
+  if (out.device().kind == DeviceKind::cuda) return push_fused_cuda(e, leaves, out);
   static const std::string name = type_string(e);
   push_op(name, leaves, {out}, [owned = owning_copy(e), out] { run_fused<T, O>(owned, tensor_leaves(owned), out); });
 }
@@ -428,7 +459,8 @@ inline Tensor Tensor::astype(DType d) const {
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   static_assert(std::is_arithmetic_v<T>, "hybra::Tensor::to_vector<T>: T must be an arithmetic type");
-  Tensor c = require("to_vector").contiguous();
+  if (require("to_vector").device().kind == DeviceKind::cuda) return to(cpu()).to_vector<T>();
+  Tensor c = contiguous();
   c.wait_to_read();
   std::vector<T> v(static_cast<std::size_t>(c.size()));
   dispatch(dtype_, [&](auto tag) {

@@ -45,15 +45,6 @@ struct OpDef {
 
 namespace detail {
 
-template <class Op>
-constexpr int elementwise_index() {
-  return []<std::size_t... I>(std::index_sequence<I...>) {
-    int found = -1;
-    ((std::is_same_v<Op, std::tuple_element_t<I, op::elementwise_ops>> ? found = static_cast<int>(I) : 0), ...);
-    return found;
-  }(std::make_index_sequence<std::tuple_size_v<op::elementwise_ops>>{});
-}
-
 // An elementwise op on tensors, as one fused loop of one instruction
 // (backend/cpu/fused_loop.hpp): operands are converted to the dtype the op
 // computes in first, as an unfused eager expression converts them.
@@ -72,7 +63,7 @@ inline Tensor run_elementwise(int index, op::DTypeRule rule, std::string_view na
   for (std::size_t k = 0; k < in.size(); ++k) {
     Tensor t = in[k];
     if (k < first && t.dtype() != compute)  // a condition becomes 1/0 before it is converted
-      t = run_elementwise(elementwise_index<op::not_equal>(), op::not_equal::rule, "not_equal", std::vector<Tensor>{t, zeros({}, t.dtype(), t.device())});
+      t = run_elementwise(op::elementwise_index<op::not_equal>(), op::not_equal::rule, "not_equal", std::vector<Tensor>{t, zeros({}, t.dtype(), t.device())});
     operands.push_back(t.dtype() == compute ? t : t.astype(compute));
   }
   backend::cpu::FusedProgram program;

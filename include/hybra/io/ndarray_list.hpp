@@ -81,9 +81,8 @@ inline std::string encode_ndarray_list(std::span<const std::pair<std::string, Te
   for (const auto& [name, t] : tensors) {
     if (!t.defined())
       fail<ValueError>("encode_ndarray_list: tensor '", name, "' is empty (default-constructed or moved-from)");
-    if (t.device().kind != DeviceKind::cpu)
-      fail<DeviceError>("encode_ndarray_list: tensor '", name, "' lives on ", t.device(),
-                        "; copy it to a CPU device first");
+    if (t.device() == meta())
+      fail<DeviceError>("encode_ndarray_list: tensor '", name, "' lives on meta: it has no values to save");
     if (t.ndim() > max_ndarray_ndim)
       fail<ShapeError>("encode_ndarray_list: tensor '", name, "' has ", t.ndim(), " dimensions; MXNet's limit is ",
                        max_ndarray_ndim);
@@ -98,7 +97,8 @@ inline std::string encode_ndarray_list(std::span<const std::pair<std::string, Te
   detail::append_le<std::uint64_t>(out, ndarray_list_magic);
   detail::append_le<std::uint64_t>(out, 0);
   detail::append_le<std::uint64_t>(out, tensors.size());
-  for (const auto& [name, t] : tensors) {
+  for (const auto& [name, tensor] : tensors) {
+    const Tensor t = tensor.device().kind == DeviceKind::cuda ? tensor.to(cpu()) : tensor;  // values via the host
     t.wait_to_read();
     detail::append_le<std::uint32_t>(out, has_0d ? ndarray_v3_magic : ndarray_v2_magic);
     detail::append_le<std::int32_t>(out, 0);  // dense storage

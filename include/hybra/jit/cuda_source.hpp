@@ -18,7 +18,7 @@
 
 #include "../backend/cpu/fused_loop.hpp"
 #include "../expr/print.hpp"
-#include "../graph/registry.hpp"
+#include "../ops/elementwise.hpp"
 #include "cuda_ptx.hpp"
 
 namespace hybra::jit {
@@ -138,7 +138,7 @@ backend::cpu::FusedProgram fused_program(const E& e) {
     }
   };
   auto node = [&]<class Op>(Op, auto... operands) {
-    p.code.push_back({graph::detail::elementwise_index<Op>(), next_register, {operands...}});
+    p.code.push_back({op::elementwise_index<Op>(), next_register, {operands...}});
     return next_register++;
   };
   p.result = fold(e, leaf, node);

@@ -196,6 +196,16 @@ using elementwise_ops = std::tuple<add, subtract, multiply, divide, negative, le
                                    greater_equal, equal, not_equal, exp, log, sqrt, abs, tanh, sigmoid, relu, pow,
                                    maximum, minimum, where>;
 
+// Op's place in elementwise_ops, or -1: how fused programs name their ops.
+template <class Op>
+constexpr int elementwise_index() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    int found = -1;
+    ((found = std::is_same_v<Op, std::tuple_element_t<I, elementwise_ops>> ? static_cast<int>(I) : found), ...);
+    return found;
+  }(std::make_index_sequence<std::tuple_size_v<elementwise_ops>>{});
+}
+
 // The C++ type an op computes in and returns, from its operands' C++ types and
 // whether each is a "weak" scalar (see hybra::promote).
 template <class Op, class... Operands>

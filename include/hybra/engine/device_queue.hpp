@@ -1,8 +1,9 @@
 #pragma once
-// One logical CPU device: its worker threads and the queue of its ready ops.
-// A cuda(i) device will be a sibling: a host thread per stream that launches
-// each ready op's kernels, records an event, and finishes the op once the
-// event has completed.
+// One device's queue of ready ops and the host threads that run them. A
+// cpu(i) device has one or more workers, which compute its ops. A cuda(i)
+// device has one, the host thread of its stream: it runs each op, which
+// queues the op's kernels and copies on the stream, and waits for the stream
+// before the op counts as done (backend/cuda/gpu.hpp, run_op).
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -17,22 +18,22 @@
 
 namespace hybra::engine::detail {
 
-class CpuDevice;
+class DeviceQueue;
 
 // The worker this thread is, the op it will run next without going through
-// the queue (see CpuDevice::enqueue), and the records it is giving back.
+// the queue (see DeviceQueue::enqueue), and the records it is giving back.
 struct WorkerSlot {
-  const CpuDevice* device = nullptr;
+  const DeviceQueue* device = nullptr;
   OpRecord* next = nullptr;
   RecordPool::Batch* returns = nullptr;
 };
 inline thread_local WorkerSlot worker_slot;
 
-class CpuDevice {
+class DeviceQueue {
  public:
   using Execute = void (*)(OpRecord*) noexcept;
 
-  CpuDevice(Execute execute, RecordPool& pool, int workers) : execute_(execute), pool_(pool) {
+  DeviceQueue(Execute execute, RecordPool& pool, int workers) : execute_(execute), pool_(pool) {
     try {
       for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { run(); });
     } catch (...) {
@@ -40,9 +41,9 @@ class CpuDevice {
       throw;
     }
   }
-  CpuDevice(const CpuDevice&) = delete;
-  CpuDevice& operator=(const CpuDevice&) = delete;
-  ~CpuDevice() { stop(); }
+  DeviceQueue(const DeviceQueue&) = delete;
+  DeviceQueue& operator=(const DeviceQueue&) = delete;
+  ~DeviceQueue() { stop(); }
 
   // Queues a ready op. An op made ready as one of this device's own workers
   // finishes an op, when nothing else is queued, is kept for that worker to

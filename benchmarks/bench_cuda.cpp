@@ -1,0 +1,80 @@
+// hybra on a GPU: a fused 8-op elementwise chain over 2^26 float32 values
+// (one NVRTC-compiled kernel: two reads and a write per element) against the
+// device-to-device copy bandwidth measured in the same run, the round trip
+// of one small eager expression, and the first
+// use of an expression's kernel in a process (an NVRTC compile, or a hit in
+// the kernel cache's disk half when HYBRA_KERNEL_CACHE_DIR already holds it).
+//
+//   bash benchmarks/run.sh bench_cuda
+//
+// With no GPU it says why and exits 77.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdio>
+#include <hybra/hybra.hpp>
+
+using namespace hybra;
+
+namespace {
+
+constexpr std::int64_t n = std::int64_t{1} << 26;
+
+auto long_chain(const Tensor& a, const Tensor& b) { return ((a * b + 2) * a - b) * 0.5f + a * b - 1; }
+
+// Bytes moved per element: the copy reads one value and writes one; the
+// chain reads two and writes one.
+void BM_cuda_copy(benchmark::State& state) {
+  Tensor src = ones({n}, DType::float32, cuda(0)), dst({n}, DType::float32, cuda(0));
+  for (auto _ : state) {
+    src.copy_to(dst);
+    dst.wait_to_read();
+  }
+  state.SetBytesProcessed(state.iterations() * n * 2 * 4);
+}
+BENCHMARK(BM_cuda_copy)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_cuda_fusion_long(benchmark::State& state) {
+  Tensor a = random_uniform({n}, -1, 1, DType::float32, cuda(0)), b = ones({n}, DType::float32, cuda(0));
+  Tensor out({n}, DType::float32, cuda(0));
+  for (auto _ : state) {
+    out.assign(long_chain(a, b));
+    out.wait_to_read();
+  }
+  state.SetBytesProcessed(state.iterations() * n * 3 * 4);
+}
+BENCHMARK(BM_cuda_fusion_long)->Name("BM_cuda_fusion_long/hybra")->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// What one small eager expression costs end to end: push, the GPU thread's
+// launch and stream wait, and the caller's wait.
+void BM_cuda_eager_small(benchmark::State& state) {
+  Tensor a = ones({1024}, DType::float32, cuda(0)), b = ones({1024}, DType::float32, cuda(0));
+  Tensor out({1024}, DType::float32, cuda(0));
+  for (auto _ : state) {
+    out.assign(relu(a * b + 2));
+    out.wait_to_read();
+  }
+}
+BENCHMARK(BM_cuda_eager_small)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto& driver = backend::cuda::driver_status();
+  if (driver.gpus.empty()) {
+    std::printf("bench_cuda: no GPU: %s\n", driver.problem.c_str());
+    return 77;
+  }
+  std::printf("bench_cuda: %s, driver CUDA %d\n", driver.gpus.front().name.c_str(), driver.version);
+  {
+    Tensor a = ones({1024}, DType::float32, cuda(0));
+    const auto start = std::chrono::steady_clock::now();
+    Tensor y = exp(a * 0.25f) - 3;  // an expression no other case uses
+    y.wait_to_read();
+    const std::chrono::duration<double, std::milli> first = std::chrono::steady_clock::now() - start;
+    std::printf("bench_cuda: first use of a fused kernel in this process: %.2f ms\n", first.count());
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}

@@ -1,0 +1,233 @@
+#pragma once
+// One GPU as hybra uses it: its primary context, the stream its engine ops
+// run on, its memory (memory.hpp), the kernels loaded into it, and copies
+// between it and the host (through pinned staging buffers) or another GPU.
+//
+// The engine runs each op of cuda(i) on one host thread of its own (the
+// "worker" of the device): the op launches its kernels and copies on the
+// stream, and the engine waits for the stream before it counts the op done,
+// so an asynchronous error is reported as the failure of the op that
+// launched the work (run_op), and a tensor's memory is never reused while a
+// kernel may still touch it.
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "../../core/device.hpp"
+#include "driver.hpp"
+#include "memory.hpp"
+
+namespace hybra::backend::cuda {
+
+class Gpu {
+ public:
+  static constexpr std::size_t staging_bytes = std::size_t{4} << 20;  // each of the two pinned buffers
+  static constexpr unsigned threads_per_block = 256;
+
+  Gpu(const Driver& cu, int id, const GpuInfo& info) : cu_(cu), id_(id), info_(info) {
+    CUdevice device = 0;
+    cu_.check(cu_.cuDeviceGet(&device, id), "cuDeviceGet");
+    cu_.check(cu_.cuDevicePrimaryCtxRetain(&context_, device), "cuDevicePrimaryCtxRetain");
+    bind();
+    cu_.check(cu_.cuStreamCreate(&stream_, constant::stream_non_blocking), "cuStreamCreate");
+    memory_ = std::make_unique<CachingAllocator>(cu_, context_, hybra::cuda(id));
+  }
+  Gpu(const Gpu&) = delete;
+  Gpu& operator=(const Gpu&) = delete;
+
+  Device device() const { return hybra::cuda(id_); }
+  const GpuInfo& info() const { return info_; }
+  CUcontext context() const { return context_; }
+  CUstream stream() const { return stream_; }
+  CachingAllocator& memory() { return *memory_; }
+  const Driver& driver() const { return cu_; }
+
+  // The architecture NVRTC compiles this GPU's kernels for, as compute_90.
+  std::string arch() const { return "compute_" + std::to_string(info_.major) + std::to_string(info_.minor); }
+
+  // Makes this GPU's context the calling thread's.
+  void bind() const { cu_.check(cu_.cuCtxSetCurrent(context_), "cuCtxSetCurrent"); }
+
+  // Kernel `name` of a PTX program, loaded into this GPU once. Kernel names
+  // are unique to their code (jit/cuda_source.hpp names them by a hash).
+  CUfunction function(const std::string& ptx, const std::string& name) {
+    std::lock_guard g(modules_mutex_);
+    if (auto it = functions_.find(name); it != functions_.end()) return it->second;
+    bind();
+    CUmodule module = nullptr;
+    cu_.check(cu_.cuModuleLoadData(&module, ptx.c_str()), "cuModuleLoadData (loading " + name + "'s PTX)");
+    CUfunction f = nullptr;
+    cu_.check(cu_.cuModuleGetFunction(&f, module, name.c_str()), "cuModuleGetFunction(" + name + ")");
+    functions_.emplace(name, f);
+    return f;
+  }
+
+  // Launches an elementwise kernel over n elements on the stream: a
+  // grid-stride loop, so the grid is capped at enough blocks to fill the GPU.
+  void launch(CUfunction f, std::int64_t n, void** args, std::string_view what) {
+    if (n <= 0) return;
+    const std::int64_t wanted = (n + threads_per_block - 1) / threads_per_block;
+    const std::int64_t cap = std::max(1, info_.multiprocessors) * std::int64_t{32};
+    const auto blocks = static_cast<unsigned>(std::min(wanted, cap));
+    cu_.check(cu_.cuLaunchKernel(f, blocks, 1, 1, threads_per_block, 1, 1, 0, stream_, args, nullptr),
+              hybra::detail::concat("cuLaunchKernel (", what, ")"));
+  }
+
+  // Waits for everything queued on the stream. A failure here is an error a
+  // kernel or copy of `what` raised on the device after its launch.
+  void synchronize(std::string_view what) const {
+    CUresult r = cu_.cuStreamSynchronize(stream_);
+    if (r != constant::success)
+      fail<DeviceError>("CUDA: the work ", what, " queued on ", device(), " failed on the device: ", cu_.describe(r));
+  }
+
+  // Copies between host memory and this GPU, queued on the stream, through
+  // two pinned buffers in turn: one is filled (or emptied) by the CPU while
+  // the other is being transferred.
+  void copy_from_host(CUdeviceptr dst, const void* src, std::size_t bytes) {
+    std::lock_guard g(staging_mutex_);
+    prepare_staging();
+    const auto* from = static_cast<const char*>(src);
+    for (std::size_t done = 0, k = 0; done < bytes; done += staging_bytes, ++k) {
+      const std::size_t n = std::min(staging_bytes, bytes - done);
+      Staging& s = staging_[k % 2];
+      if (s.pending) cu_.check(cu_.cuEventSynchronize(s.event), "cuEventSynchronize");
+      std::memcpy(s.buffer, from + done, n);
+      cu_.check(cu_.cuMemcpyHtoDAsync(dst + done, s.buffer, n, stream_), "cuMemcpyHtoDAsync");
+      cu_.check(cu_.cuEventRecord(s.event, stream_), "cuEventRecord");
+      s.pending = true;
+    }
+  }
+
+  void copy_to_host(void* dst, CUdeviceptr src, std::size_t bytes) {
+    std::lock_guard g(staging_mutex_);
+    prepare_staging();
+    auto* to = static_cast<char*>(dst);
+    const std::size_t chunks = (bytes + staging_bytes - 1) / staging_bytes;
+    auto issue = [&](std::size_t k) {
+      Staging& s = staging_[k % 2];
+      const std::size_t at = k * staging_bytes, n = std::min(staging_bytes, bytes - at);
+      cu_.check(cu_.cuMemcpyDtoHAsync(s.buffer, src + at, n, stream_), "cuMemcpyDtoHAsync");
+      cu_.check(cu_.cuEventRecord(s.event, stream_), "cuEventRecord");
+      s.pending = true;
+    };
+    if (chunks > 0) issue(0);
+    for (std::size_t k = 0; k < chunks; ++k) {
+      if (k + 1 < chunks) issue(k + 1);
+      Staging& s = staging_[k % 2];
+      cu_.check(cu_.cuEventSynchronize(s.event), "cuEventSynchronize");
+      s.pending = false;
+      const std::size_t at = k * staging_bytes;
+      std::memcpy(to + at, s.buffer, std::min(staging_bytes, bytes - at));
+    }
+  }
+
+  // Sets `count` elements of `width` bytes (1 or 4) to `pattern`, on the stream.
+  void fill(CUdeviceptr dst, unsigned pattern, int width, std::size_t count) {
+    if (width == 1)
+      cu_.check(cu_.cuMemsetD8Async(dst, static_cast<unsigned char>(pattern), count, stream_), "cuMemsetD8Async");
+    else
+      cu_.check(cu_.cuMemsetD32Async(dst, pattern, count, stream_), "cuMemsetD32Async");
+  }
+
+  // Within this GPU, or from another (directly where the two can reach each
+  // other's memory, else the driver stages it through the host).
+  void copy_from(CUdeviceptr dst, const Gpu& source, CUdeviceptr src, std::size_t bytes) {
+    if (bytes == 0) return;
+    if (&source == this) {
+      cu_.check(cu_.cuMemcpyDtoDAsync(dst, src, bytes, stream_), "cuMemcpyDtoDAsync");
+      return;
+    }
+    enable_peer_access(source);
+    cu_.check(cu_.cuMemcpyPeerAsync(dst, context_, src, source.context_, bytes, stream_), "cuMemcpyPeerAsync");
+  }
+
+ private:
+  struct Staging {
+    void* buffer = nullptr;
+    CUevent event = nullptr;
+    bool pending = false;  // a transfer through it may still run
+  };
+
+  void prepare_staging() {
+    if (staging_[0].buffer) return;
+    bind();
+    for (Staging& s : staging_) {
+      cu_.check(cu_.cuMemHostAlloc(&s.buffer, staging_bytes, 0), "cuMemHostAlloc (pinned staging)");
+      cu_.check(cu_.cuEventCreate(&s.event, constant::event_disable_timing), "cuEventCreate");
+    }
+  }
+
+  void enable_peer_access(const Gpu& source) {
+    std::lock_guard g(peers_mutex_);
+    if (peers_checked_ & (std::uint64_t{1} << source.id_)) return;
+    peers_checked_ |= std::uint64_t{1} << source.id_;
+    int can = 0;
+    if (cu_.cuDeviceCanAccessPeer(&can, id_, source.id_) == constant::success && can) {
+      bind();
+      cu_.cuCtxEnablePeerAccess(source.context_, 0);  // already enabled is fine
+    }
+  }
+
+  const Driver& cu_;
+  int id_;
+  GpuInfo info_;
+  CUcontext context_ = nullptr;
+  CUstream stream_ = nullptr;
+  std::unique_ptr<CachingAllocator> memory_;
+  std::mutex modules_mutex_;
+  std::unordered_map<std::string, CUfunction> functions_;
+  std::mutex staging_mutex_;
+  std::array<Staging, 2> staging_{};
+  std::mutex peers_mutex_;
+  std::uint64_t peers_checked_ = 0;
+};
+
+namespace detail {
+// Every GPU the driver sees, set up on first use and kept for the process's
+// life (engine workers and tensors freed at exit may still use them).
+inline std::vector<std::unique_ptr<Gpu>>* make_gpus() {
+  const Driver& cu = driver();
+  auto* gpus = new std::vector<std::unique_ptr<Gpu>>;
+  const auto& infos = driver_status().gpus;
+  for (int i = 0; i < static_cast<int>(infos.size()); ++i)
+    gpus->push_back(std::make_unique<Gpu>(cu, i, infos[static_cast<std::size_t>(i)]));
+  return gpus;
+}
+}  // namespace detail
+
+// cuda(id)'s GPU; throws DeviceError saying why when there is none.
+inline Gpu& gpu(int id) {
+  const auto& status = driver_status();
+  if (!status.problem.empty())
+    fail<DeviceError>(hybra::cuda(id), " is not available: ", status.problem, "; use cpu(i) (docs/cuda.md)");
+  if (id < 0 || id >= static_cast<int>(status.gpus.size()))
+    fail<DeviceError>("there is no ", hybra::cuda(id), ": the CUDA driver sees ", status.gpus.size(), " GPU",
+                      status.gpus.size() == 1 ? "" : "s", ", cuda(0) to cuda(", status.gpus.size() - 1, ")");
+  static std::vector<std::unique_ptr<Gpu>>* const gpus = detail::make_gpus();
+  return *(*gpus)[static_cast<std::size_t>(id)];
+}
+
+// Runs an engine op of cuda(id) on the calling thread: binds the GPU, runs
+// fn (which queues work on the GPU's stream) and waits for the stream, so
+// that whatever fails on the device fails this op.
+template <class F>
+void run_op(int id, std::string_view name, F&& fn) {
+  Gpu& g = gpu(id);
+  g.bind();
+  try {
+    std::forward<F>(fn)();
+  } catch (...) {
+    g.driver().cuStreamSynchronize(g.stream());  // what it queued must finish before its memory is reused
+    throw;
+  }
+  g.synchronize(hybra::detail::concat("of op '", name, "'"));
+}
+
+}  // namespace hybra::backend::cuda

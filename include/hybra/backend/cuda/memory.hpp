@@ -1,0 +1,112 @@
+#pragma once
+// A GPU's caching allocator: cuMemAlloc and cuMemFree synchronise with the
+// device and cost tens of microseconds, so a freed block is kept and handed
+// to the next request it fits (wasting at most an eighth of it), as
+// PyTorch's and MXNet's GPU pools do. When the device runs out, the cache is
+// returned to the driver and the request retried once; if it still fails,
+// OutOfMemory says how much was asked for, how much hybra holds and what the
+// device has left.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+#include "../../core/device.hpp"
+#include "driver.hpp"
+
+namespace hybra::backend::cuda {
+
+struct MemoryStats {
+  std::size_t in_use = 0;  // bytes handed out and not yet released
+  std::size_t cached = 0;  // bytes released to the cache, still held from the driver
+  std::int64_t driver_allocations = 0;  // cuMemAlloc calls that succeeded
+};
+
+class CachingAllocator {
+ public:
+  static constexpr std::size_t granule = 512;  // every block is a multiple of it
+
+  CachingAllocator(const Driver& cu, CUcontext context, Device device) : cu_(cu), context_(context), device_(device) {}
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  static std::size_t block_size(std::size_t bytes) {
+    return bytes == 0 ? granule : (bytes + granule - 1) / granule * granule;
+  }
+
+  CUdeviceptr allocate(std::size_t bytes) {
+    if (bytes > SIZE_MAX - granule)
+      fail<OutOfMemory>("allocate: ", bytes, " bytes overflow the address space on ", device_);
+    const std::size_t size = block_size(bytes);
+    std::lock_guard g(mutex_);
+    if (auto it = cached_.lower_bound(size); it != cached_.end() && it->first - size <= size / 8) {
+      CUdeviceptr p = it->second;
+      stats_.cached -= it->first;
+      stats_.in_use += it->first;
+      sizes_[p] = it->first;
+      cached_.erase(it);
+      return p;
+    }
+    cu_.check(cu_.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+    CUdeviceptr p = 0;
+    CUresult r = cu_.cuMemAlloc(&p, size);
+    if (r == constant::out_of_memory && !cached_.empty()) {
+      return_cache_locked();
+      r = cu_.cuMemAlloc(&p, size);
+    }
+    if (r == constant::out_of_memory) {
+      std::size_t free = 0, total = 0;
+      cu_.cuMemGetInfo(&free, &total);
+      fail<OutOfMemory>("allocate: out of memory on ", device_, ": ", bytes, " bytes requested, ", stats_.in_use,
+                        " bytes held by hybra's tensors, ", free, " bytes free of ", total);
+    }
+    cu_.check(r, "cuMemAlloc");
+    ++stats_.driver_allocations;
+    stats_.in_use += size;
+    sizes_[p] = size;
+    return p;
+  }
+
+  // Keeps the block for a later request. The caller guarantees no queued
+  // work uses it (the engine finishes a GPU op only once its stream has).
+  void release(CUdeviceptr p) noexcept {
+    std::lock_guard g(mutex_);
+    auto it = sizes_.find(p);
+    if (it == sizes_.end()) return;
+    stats_.in_use -= it->second;
+    stats_.cached += it->second;
+    cached_.emplace(it->second, p);
+    sizes_.erase(it);
+  }
+
+  // Gives every cached block back to the driver.
+  void empty_cache() {
+    std::lock_guard g(mutex_);
+    return_cache_locked();
+  }
+
+  MemoryStats stats() const {
+    std::lock_guard g(mutex_);
+    return stats_;
+  }
+
+ private:
+  void return_cache_locked() {
+    cu_.check(cu_.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+    for (auto& [size, p] : cached_) {
+      cu_.cuMemFree(p);
+      stats_.cached -= size;
+    }
+    cached_.clear();
+  }
+
+  const Driver& cu_;
+  CUcontext context_;
+  Device device_;
+  mutable std::mutex mutex_;
+  std::multimap<std::size_t, CUdeviceptr> cached_;  // free blocks by size
+  std::map<CUdeviceptr, std::size_t> sizes_;        // blocks in use
+  MemoryStats stats_;
+};
+
+}  // namespace hybra::backend::cuda

@@ -1,0 +1,65 @@
+#pragma once
+// An eager expression on a GPU, as ONE kernel: at the first evaluation of an
+// expression type in a dtype on a GPU architecture, its fused program (from
+// the type alone: jit::fused_program) becomes CUDA source, NVRTC compiles it
+// (through the kernel cache: memory, then disk), and the PTX is loaded into
+// the GPU; each evaluation is then one launch on the GPU's stream. A compile
+// error is thrown by the call that needed the kernel.
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "../backend/cuda/gpu.hpp"
+#include "cuda_source.hpp"
+
+namespace hybra {
+
+template <class E>
+void detail::push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& out) {
+  static const std::string name = type_string(e);
+  if (!out.is_contiguous())
+    fail<DeviceError>(name, " on ", out.device(), ": the destination is a view of shape ", to_string(out.shape()),
+                      " that is not contiguous; on a GPU an expression writes a contiguous tensor (so far)");
+  for (const Tensor* t : leaves)
+    if (t->shape() != out.shape() || !t->is_contiguous())
+      fail<DeviceError>(name, " on ", out.device(), ": an operand of shape ", to_string(t->shape()),
+                        t->is_contiguous() ? "" : " (a view that is not contiguous)", " for a result of shape ",
+                        to_string(out.shape()),
+                        "; on a GPU every tensor of an expression has the result's shape and is contiguous "
+                        "(broadcasting and views run on the CPU only, so far)");
+  backend::cuda::Gpu& gpu = backend::cuda::gpu(out.device().id);
+
+  struct Compiled {
+    std::string ptx, kernel;
+  };
+  static std::mutex mutex;
+  static std::map<std::pair<DType, std::string>, Compiled> compiled;  // by dtype and architecture
+  const Compiled* kernel;
+  {
+    std::lock_guard g(mutex);
+    auto key = std::make_pair(out.dtype(), gpu.arch());
+    auto it = compiled.find(key);
+    if (it == compiled.end()) {
+      jit::CudaKernel k = jit::cuda_elementwise_kernel(jit::fused_program(e));
+      std::string ptx = jit::cuda_ptx(jit::cuda_program({k}), k.name + ".cu", key.second);
+      it = compiled.emplace(key, Compiled{std::move(ptx), std::move(k.name)}).first;
+    }
+    kernel = &it->second;  // std::map entries stay where they are
+  }
+
+  boost::container::small_vector<Tensor, 8> inputs;
+  for (const Tensor* t : leaves) inputs.push_back(*t);
+  push_op_on(out.device(), name, leaves, {out}, [inputs = std::move(inputs), out, kernel] {
+    backend::cuda::Gpu& g = backend::cuda::gpu(out.device().id);
+    boost::container::small_vector<void*, 10> pointers, args;
+    for (const Tensor& t : inputs) pointers.push_back(t.raw_data());
+    pointers.push_back(out.raw_data());
+    long long n = out.size();
+    for (void*& p : pointers) args.push_back(&p);
+    args.push_back(&n);
+    g.launch(g.function(kernel->ptx, kernel->kernel), n, args.data(), name);
+  });
+}
+
+}  // namespace hybra

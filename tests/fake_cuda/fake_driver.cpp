@@ -1,0 +1,263 @@
+// A stand-in for the CUDA driver (libcuda.so.1), for testing on machines
+// with no GPU what hybra does around the GPU: enumerating devices, memory
+// and its caching, copies through pinned staging, loading PTX, launching,
+// and reporting errors. It has two "GPUs" whose memory is host memory
+// (HYBRA_FAKE_CUDA_MEMORY bytes each, default 64 MiB), runs copies at once,
+// and launches nothing: a launch is recorded, not run, so what kernels
+// compute is checked only on a real GPU (tests/gpu). The test hooks at the
+// end let a test inject a device error and count calls.
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace {
+
+using CUresult = int;
+constexpr CUresult success = 0, invalid_value = 1, out_of_memory = 2, not_initialized = 3, invalid_device = 101,
+                   invalid_ptx = 218, not_found = 500, illegal_address = 700;
+constexpr int gpus = 2;
+
+struct Module {
+  std::string ptx;
+};
+struct Function {
+  std::string name;
+};
+
+struct State {
+  std::mutex mutex;
+  bool initialised = false;
+  std::size_t capacity = 64u << 20;
+  std::size_t used[gpus] = {};
+  std::map<unsigned long long, std::pair<int, std::size_t>> blocks;  // pointer -> GPU, bytes
+  std::map<std::string, long> calls;
+  CUresult next_sync_error = success;
+  std::deque<Module> modules;  // what the handles point at, kept for the process, as the driver keeps them
+  std::deque<Function> functions;
+  std::string last_launch;
+};
+
+thread_local int current = -1;  // the GPU of the calling thread's context
+
+State& state() {
+  static State* s = [] {
+    auto* s = new State;
+    if (const char* v = std::getenv("HYBRA_FAKE_CUDA_MEMORY")) s->capacity = std::strtoull(v, nullptr, 10);
+    return s;
+  }();
+  return *s;
+}
+
+void count(const char* call) {
+  std::lock_guard g(state().mutex);
+  ++state().calls[call];
+}
+
+// Contexts are the GPU's number plus one, cast to a pointer.
+int gpu_of(void* context) { return static_cast<int>(reinterpret_cast<std::intptr_t>(context)) - 1; }
+
+}  // namespace
+
+extern "C" {
+
+CUresult cuInit(unsigned) {
+  std::lock_guard g(state().mutex);
+  state().initialised = true;
+  return success;
+}
+CUresult cuDriverGetVersion(int* v) {
+  *v = 13000;
+  return success;
+}
+CUresult cuGetErrorName(CUresult r, const char** name) {
+  switch (r) {
+    case success: *name = "CUDA_SUCCESS"; return success;
+    case invalid_value: *name = "CUDA_ERROR_INVALID_VALUE"; return success;
+    case out_of_memory: *name = "CUDA_ERROR_OUT_OF_MEMORY"; return success;
+    case not_initialized: *name = "CUDA_ERROR_NOT_INITIALIZED"; return success;
+    case invalid_device: *name = "CUDA_ERROR_INVALID_DEVICE"; return success;
+    case invalid_ptx: *name = "CUDA_ERROR_INVALID_PTX"; return success;
+    case not_found: *name = "CUDA_ERROR_NOT_FOUND"; return success;
+    case illegal_address: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; return success;
+  }
+  *name = nullptr;
+  return invalid_value;
+}
+CUresult cuGetErrorString(CUresult r, const char** text) {
+  *text = r == illegal_address ? "an illegal memory access was encountered" : "fake driver error";
+  return success;
+}
+CUresult cuDeviceGetCount(int* n) {
+  std::lock_guard g(state().mutex);
+  if (!state().initialised) return not_initialized;
+  *n = gpus;
+  return success;
+}
+CUresult cuDeviceGet(int* device, int ordinal) {
+  if (ordinal < 0 || ordinal >= gpus) return invalid_device;
+  *device = ordinal;
+  return success;
+}
+CUresult cuDeviceGetName(char* name, int length, int device) {
+  std::snprintf(name, static_cast<std::size_t>(length), "hybra fake GPU %d", device);
+  return success;
+}
+CUresult cuDeviceGetAttribute(int* value, int attribute, int) {
+  *value = attribute == 75 ? 9 : attribute == 76 ? 0 : attribute == 16 ? 4 : 0;
+  return success;
+}
+CUresult cuDeviceTotalMem_v2(std::size_t* bytes, int) {
+  *bytes = state().capacity;
+  return success;
+}
+CUresult cuDeviceCanAccessPeer(int* can, int, int) {
+  *can = 1;
+  return success;
+}
+CUresult cuDevicePrimaryCtxRetain(void** context, int device) {
+  *context = reinterpret_cast<void*>(static_cast<std::intptr_t>(device + 1));
+  return success;
+}
+CUresult cuCtxSetCurrent(void* context) {
+  std::lock_guard g(state().mutex);
+  current = gpu_of(context);
+  return success;
+}
+CUresult cuCtxEnablePeerAccess(void*, unsigned) { return success; }
+
+CUresult cuMemAlloc_v2(unsigned long long* p, std::size_t bytes) {
+  State& s = state();
+  std::lock_guard g(s.mutex);
+  ++s.calls["cuMemAlloc"];
+  if (current < 0) return invalid_value;
+  if (bytes > s.capacity - s.used[current]) return out_of_memory;
+  void* block = std::malloc(bytes);
+  if (!block) return out_of_memory;
+  *p = reinterpret_cast<unsigned long long>(block);
+  s.used[current] += bytes;
+  s.blocks[*p] = {current, bytes};
+  return success;
+}
+CUresult cuMemFree_v2(unsigned long long p) {
+  State& s = state();
+  std::lock_guard g(s.mutex);
+  ++s.calls["cuMemFree"];
+  auto it = s.blocks.find(p);
+  if (it == s.blocks.end()) return invalid_value;
+  s.used[it->second.first] -= it->second.second;
+  s.blocks.erase(it);
+  std::free(reinterpret_cast<void*>(p));
+  return success;
+}
+CUresult cuMemGetInfo_v2(std::size_t* free, std::size_t* total) {
+  State& s = state();
+  std::lock_guard g(s.mutex);
+  *total = s.capacity;
+  *free = s.capacity - s.used[current < 0 ? 0 : current];
+  return success;
+}
+CUresult cuMemHostAlloc(void** p, std::size_t bytes, unsigned) {
+  count("cuMemHostAlloc");
+  *p = std::malloc(bytes);
+  return *p ? success : out_of_memory;
+}
+CUresult cuMemFreeHost(void* p) {
+  std::free(p);
+  return success;
+}
+CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, std::size_t bytes, void*) {
+  count("cuMemcpyHtoDAsync");
+  std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+  return success;
+}
+CUresult cuMemcpyDtoHAsync_v2(void* dst, unsigned long long src, std::size_t bytes, void*) {
+  count("cuMemcpyDtoHAsync");
+  std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
+  return success;
+}
+CUresult cuMemcpyDtoDAsync_v2(unsigned long long dst, unsigned long long src, std::size_t bytes, void*) {
+  count("cuMemcpyDtoDAsync");
+  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+  return success;
+}
+CUresult cuMemcpyPeerAsync(unsigned long long dst, void*, unsigned long long src, void*, std::size_t bytes, void*) {
+  count("cuMemcpyPeerAsync");
+  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+  return success;
+}
+CUresult cuMemsetD8Async(unsigned long long dst, unsigned char value, std::size_t count, void*) {
+  std::memset(reinterpret_cast<void*>(dst), value, count);
+  return success;
+}
+CUresult cuMemsetD32Async(unsigned long long dst, unsigned value, std::size_t count, void*) {
+  auto* p = reinterpret_cast<unsigned*>(dst);
+  for (std::size_t i = 0; i < count; ++i) p[i] = value;
+  return success;
+}
+CUresult cuStreamCreate(void** stream, unsigned) {
+  static std::atomic<int> streams{0};
+  *stream = reinterpret_cast<void*>(static_cast<std::intptr_t>(++streams));
+  return success;
+}
+CUresult cuStreamSynchronize(void*) {
+  State& s = state();
+  std::lock_guard g(s.mutex);
+  ++s.calls["cuStreamSynchronize"];
+  CUresult r = s.next_sync_error;
+  s.next_sync_error = success;
+  return r;
+}
+CUresult cuEventCreate(void** event, unsigned) {
+  static std::atomic<int> events{0};
+  *event = reinterpret_cast<void*>(static_cast<std::intptr_t>(++events));
+  return success;
+}
+CUresult cuEventRecord(void*, void*) { return success; }
+CUresult cuEventSynchronize(void*) { return success; }
+
+CUresult cuModuleLoadData(void** module, const void* image) {
+  count("cuModuleLoadData");
+  std::string ptx(static_cast<const char*>(image));
+  if (ptx.find(".entry") == std::string::npos) return invalid_ptx;
+  std::lock_guard g(state().mutex);
+  *module = &state().modules.emplace_back(Module{std::move(ptx)});
+  return success;
+}
+CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
+  const std::string& ptx = static_cast<Module*>(module)->ptx;
+  if (ptx.find(std::string(".entry ") + name + "(") == std::string::npos) return not_found;
+  std::lock_guard g(state().mutex);
+  *function = &state().functions.emplace_back(Function{name});
+  return success;
+}
+CUresult cuLaunchKernel(void* function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                        void**, void**) {
+  State& s = state();
+  std::lock_guard g(s.mutex);
+  ++s.calls["cuLaunchKernel"];
+  s.last_launch = static_cast<Function*>(function)->name;
+  return success;
+}
+
+// Test hooks.
+void hybra_fake_cuda_fail_next_sync(CUresult r) {
+  std::lock_guard g(state().mutex);
+  state().next_sync_error = r;
+}
+long hybra_fake_cuda_calls(const char* call) {
+  std::lock_guard g(state().mutex);
+  return state().calls[call];
+}
+const char* hybra_fake_cuda_last_launch() {
+  std::lock_guard g(state().mutex);
+  static thread_local std::string copy;
+  copy = state().last_launch;
+  return copy.c_str();
+}
+}
