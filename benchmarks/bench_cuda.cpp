@@ -1,7 +1,8 @@
 // hybra on a GPU: a fused 8-op elementwise chain over 2^26 float32 values
 // (one NVRTC-compiled kernel: two reads and a write per element) against the
 // device-to-device copy bandwidth measured in the same run, the round trip
-// of one small eager expression, and the first
+// of one small eager expression, GEMM 4096^3 through hybra against cuBLAS
+// called directly, the chapter's MLP eager at batch 1, and the first
 // use of an expression's kernel in a process (an NVRTC compile, or a hit in
 // the kernel cache's disk half when HYBRA_KERNEL_CACHE_DIR already holds it).
 //
@@ -56,6 +57,56 @@ void BM_cuda_eager_small(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_cuda_eager_small)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// GEMM 4096^3 float32 through hybra (matmul: a new result from the caching
+// allocator, the engine, one cuBLAS call, the stream wait) against the same
+// cuBLAS call made directly on the GPU's stream.
+constexpr std::int64_t gemm_n = 4096;
+
+void BM_cuda_gemm_hybra(benchmark::State& state) {
+  Tensor a = random_uniform({gemm_n, gemm_n}, -1, 1, DType::float32, cuda(0));
+  Tensor b = random_uniform({gemm_n, gemm_n}, -1, 1, DType::float32, cuda(0));
+  for (auto _ : state) matmul(a, b).wait_to_read();
+  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * gemm_n * gemm_n * gemm_n * state.iterations() / 1e12,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_cuda_gemm_hybra)->Name("BM_cuda_gemm/hybra")->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_cuda_gemm_cublas(benchmark::State& state) {
+  Tensor a = random_uniform({gemm_n, gemm_n}, -1, 1, DType::float32, cuda(0));
+  Tensor b = random_uniform({gemm_n, gemm_n}, -1, 1, DType::float32, cuda(0)), c({gemm_n, gemm_n}, DType::float32, cuda(0));
+  waitall();
+  auto& gpu = backend::cuda::gpu(0);
+  const auto& cb = backend::cuda::cublas();
+  gpu.bind();
+  backend::cuda::cublasHandle_t handle = nullptr;
+  cb.check(cb.create(&handle), "cublasCreate");
+  cb.check(cb.set_stream(handle, gpu.stream()), "cublasSetStream");
+  const float one = 1, zero = 0;
+  const int n = static_cast<int>(gemm_n);
+  auto* pa = static_cast<const float*>(a.raw_data());
+  auto* pb = static_cast<const float*>(b.raw_data());
+  auto* pc = static_cast<float*>(c.raw_data());
+  for (auto _ : state) {
+    cb.check(cb.sgemm(handle, 0, 0, n, n, n, &one, pb, n, pa, n, &zero, pc, n), "cublasSgemm");
+    gpu.synchronize("of the direct cuBLAS call");
+  }
+  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * gemm_n * gemm_n * gemm_n * state.iterations() / 1e12,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_cuda_gemm_cublas)->Name("BM_cuda_gemm/cublas")->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The chapter's MLP at batch 1, eager on cuda(0): three products, two
+// bias GEMMs, two ReLU kernels, each an engine op with its stream wait.
+void BM_cuda_mlp_eager(benchmark::State& state) {
+  nn::HybridSequential net;
+  net.add(nn::Dense(256, "relu"), nn::Dense(128, "relu"), nn::Dense(2));
+  net.initialize(nn::init::Uniform(), cuda(0));
+  Tensor x = random_normal({1, 512}, 0, 1, DType::float32, cuda(0));
+  net(x).wait_to_read();
+  for (auto _ : state) net(x).wait_to_read();
+}
+BENCHMARK(BM_cuda_mlp_eager)->Name("BM_cuda_mlp/eager")->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

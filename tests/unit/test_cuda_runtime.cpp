@@ -12,6 +12,8 @@
 #include <dlfcn.h>
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <hybra/hybra.hpp>
@@ -73,6 +75,15 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(on_other.copy().to_vector<float>() == values);
     CHECK(array<std::int64_t>({-3, 1LL << 40}, {2}, cuda(1)).to_vector<std::int64_t>() ==
           std::vector<std::int64_t>{-3, 1LL << 40});
+    // Views and other dtypes are made contiguous and converted on the host's side.
+    Tensor small = array<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+    CHECK(transpose(small).to(cuda(0)).to_vector<float>() == transpose(small).to_vector<float>());
+    Tensor as_double = zeros({2, 3}, DType::float64, cuda(1));
+    small.copy_to(as_double);
+    CHECK(as_double.to_vector<double>() == std::vector<double>{1, 2, 3, 4, 5, 6});
+    Tensor host_view = zeros({3, 2});
+    small.to(cuda(0)).copy_to(transpose(host_view));
+    CHECK(host_view.to_vector<float>() == std::vector<float>{1, 4, 2, 5, 3, 6});
     // Saved through the host, loaded to the CPU.
     const std::vector<std::pair<std::string, Tensor>> named{{"w", on_other}};
     const auto file = std::filesystem::temp_directory_path() / ("hybra-cuda-fake-" + std::to_string(::getpid()));
@@ -156,14 +167,59 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK_NOTHROW(Tensor(exp(a * 3)).wait_to_read());
   }
 
+  TEST_CASE("cuda fake: products go to cuBLAS row-major, transposed views and batches included") {
+    seed(11);
+    auto same = [](const Tensor& on_gpu, const Tensor& on_cpu) {
+      CHECK(on_gpu.device() == cuda(0));
+      CHECK(on_gpu.shape() == on_cpu.shape());
+      const auto g = on_gpu.to_vector<double>(), c = on_cpu.to_vector<double>();
+      double worst = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - c[i]));
+      CHECK(worst <= 1e-5);
+    };
+    Tensor a = random_uniform({2, 3, 4}, -1, 1), b = random_uniform({4, 5}, -1, 1), c = random_uniform({2, 4, 5}, -1, 1);
+    Tensor ga = a.to(cuda(0)), gb = b.to(cuda(0)), gc = c.to(cuda(0));
+    same(matmul(ga, gb), matmul(a, b));                                        // one right operand: rows folded
+    same(matmul(ga, gc), matmul(a, c));                                        // a batch of products
+    same(matmul(transpose(gb), transpose(ga, {0, 2, 1})), matmul(transpose(b), transpose(a, {0, 2, 1})));
+    Tensor v = random_uniform({4}, -1, 1);
+    same(matmul(v.to(cuda(0)), gb), matmul(v, b));                            // a row times a matrix
+    Tensor d = random_uniform({3, 4}, -1, 1, DType::float64);
+    same(matmul(d.to(cuda(0)), transpose(d.to(cuda(0)))), matmul(d, transpose(d)));
+    same(matmul(zeros({3, 0}, DType::float32, cuda(0)), zeros({0, 2}, DType::float32, cuda(0))), zeros({3, 2}));
+    Tensor x = random_uniform({6, 4}, -1, 1), w = random_uniform({3, 4}, -1, 1), bias = random_uniform({3}, -1, 1);
+    same(fully_connected(x.to(cuda(0)), w.to(cuda(0)), bias.to(cuda(0))), fully_connected(x, w, bias));
+    same(fully_connected(x.to(cuda(0)), w.to(cuda(0))), fully_connected(x, w));
+    CHECK_THROWS_WITH_AS(matmul(ones({2, 2}, DType::int32, cuda(0)), ones({2, 2}, DType::int32, cuda(0))),
+                         doctest::Contains("matmul: int32 products are not done on a GPU"), DTypeError);
+  }
+
+  TEST_CASE("cuda fake: the chapter's MLP runs eagerly on a GPU; hybridized, it says it cannot yet") {
+    FakeDriver fake;
+    nn::HybridSequential net;
+    net.add(nn::Dense(256, "relu"), nn::Dense(128, "relu"), nn::Dense(2));
+    net.initialize(nn::init::Uniform(), cuda(0));
+    const long launches = fake.calls("cuLaunchKernel");
+    Tensor y = net(random_normal({1, 512}, 0, 1, DType::float32, cuda(0)));
+    y.wait_to_read();
+    CHECK(y.shape() == Shape{1, 2});
+    CHECK(y.device() == cuda(0));
+    CHECK(fake.calls("cuLaunchKernel") == launches + 2);  // the two relus; the products are cuBLAS's
+    for (const auto& p : net.collect_params()) CHECK(p.data().device() == cuda(0));
+    net.hybridize();
+    CHECK_THROWS_WITH_AS(net(random_normal({1, 512}, 0, 1, DType::float32, cuda(0))),
+                         doctest::Contains("a hybridized block runs on the CPU only so far"), DeviceError);
+  }
+
   TEST_CASE("cuda fake: what does not run on a GPU yet is refused by name") {
     Tensor a = ones({2, 2}, DType::float32, cuda(0));
-    CHECK_THROWS_WITH_AS(matmul(a, a), doctest::Contains("matmul: this op has no CUDA kernel yet"), DeviceError);
+    CHECK_THROWS_WITH_AS(dot(a, a), doctest::Contains("dot: this op has no CUDA kernel yet"), DeviceError);
     CHECK_THROWS_WITH_AS(sum(a), doctest::Contains("operand lives on cuda(0)"), DeviceError);
     CHECK_THROWS_WITH_AS(Tensor(a + a.to(cuda(1))), doctest::Contains("operands live on cuda(0) and cuda(1)"), DeviceError);
     CHECK_THROWS_WITH_AS(Tensor(a + ones({2}, DType::float32, cuda(0))),
                          doctest::Contains("every tensor of an expression has the result's shape"), DeviceError);
     CHECK_THROWS_WITH_AS(a.astype(DType::float64), doctest::Contains("converting float32 to float64"), DTypeError);
     CHECK_THROWS_WITH_AS(transpose(a).contiguous(), doctest::Contains("not contiguous"), DeviceError);
+    CHECK_THROWS_WITH_AS(transpose(a).to(cuda(1)), doctest::Contains("not contiguous"), DeviceError);
   }
 }

@@ -1,6 +1,7 @@
 // On a real GPU: what cuda(0) computes against what the CPU computes, for
 // every elementwise op of the table in every dtype it keeps, a long fused
-// expression, copies between the host and GPUs, and the caching allocator.
+// expression, products through cuBLAS, the chapter's MLP (eager), copies
+// between the host and GPUs, and the caching allocator.
 // Run by ctest's `gpu_ops` (label `gpu`: hybra_tests --no-skip -ts=gpu);
 // with no GPU it prints "no GPU:" and the reason, which ctest reports as a
 // skip (scripts/gpu.sh fails on a skip).
@@ -31,22 +32,26 @@ Tensor operand(DType dtype, std::uint64_t seed_value) {
 
 template <class Op>
 void check_op_on_gpu(DType dtype, int& checked) {
-  Tensor a = operand(dtype, 1), b = operand(dtype, 2), c = operand(dtype, 3);
-  auto on = [](Device d, const Tensor& x) { return x.to(d); };
-  auto expression = [&](Device d) {
-    if constexpr (Op::arity == 1) return apply_op<Op>(on(d, a));
-    else if constexpr (Op::arity == 2) return apply_op<Op>(on(d, a), on(d, b));
-    else return apply_op<Op>(on(d, c) - 2, on(d, a), on(d, b));
+  const Tensor a = operand(dtype, 1), b = operand(dtype, 2), c = operand(dtype, 3);
+  // The op on copies of a, b and c on device d (a condition first for where).
+  auto expression = [](const Tensor& x, const Tensor& y, const Tensor& z) {
+    if constexpr (Op::arity == 1) return apply_op<Op>(x);
+    else if constexpr (Op::arity == 2) return apply_op<Op>(x, y);
+    else return apply_op<Op>(z - 2, x, y);
   };
-  bool same_dtype = dispatch(dtype, [&](auto tag) {
+  auto compute = [&](Device d) {
+    const Tensor x = a.to(d), y = b.to(d), z = c.to(d);
+    return Tensor(expression(x, y, z));
+  };
+  const bool same_dtype = dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return std::is_same_v<kernel::result_t<decltype(expression(cpu())), T>, T>;
+    return std::is_same_v<kernel::result_t<decltype(expression(a, b, c)), T>, T>;
   });
   if (!same_dtype) return;
   CAPTURE(Op::name);
   CAPTURE(name(dtype));
-  const std::vector<double> want = Tensor(expression(cpu())).to_vector<double>();
-  const std::vector<double> got = Tensor(expression(cuda(0))).to_vector<double>();
+  const std::vector<double> want = compute(cpu()).template to_vector<double>();
+  const std::vector<double> got = compute(cuda(0)).template to_vector<double>();
   REQUIRE(got.size() == want.size());
   int wrong = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -86,6 +91,38 @@ TEST_SUITE("gpu" * doctest::skip()) {
     CHECK(ga.copy().to_vector<float>() == a.to_vector<float>());
     const int gpus = static_cast<int>(backend::cuda::driver_status().gpus.size());
     for (int g = 1; g < gpus; ++g) CHECK(ga.to(cuda(g)).to_vector<float>() == a.to_vector<float>());
+  }
+
+  TEST_CASE("gpu: products through cuBLAS and the chapter's MLP, eager, against the CPU") {
+    if (!gpu_present()) return;
+    auto close = [](const Tensor& on_gpu, const Tensor& on_cpu, double tolerance) {
+      const auto g = on_gpu.to_vector<double>(), c = on_cpu.to_vector<double>();
+      REQUIRE(g.size() == c.size());
+      double worst = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - c[i]));
+      CHECK(worst <= tolerance);
+    };
+    seed(9);
+    Tensor a = random_uniform({3, 64, 96}, -1, 1), b = random_uniform({96, 80}, -1, 1);
+    close(matmul(a.to(cuda(0)), b.to(cuda(0))), matmul(a, b), 1e-4);
+    close(matmul(transpose(b.to(cuda(0))), transpose(a.to(cuda(0)), {0, 2, 1})),
+          matmul(transpose(b), transpose(a, {0, 2, 1})), 1e-4);
+    Tensor x = random_uniform({32, 96}, -1, 1), w = random_uniform({80, 96}, -1, 1), bias = random_uniform({80}, -1, 1);
+    close(fully_connected(x.to(cuda(0)), w.to(cuda(0)), bias.to(cuda(0))), fully_connected(x, w, bias), 1e-4);
+
+    auto mlp = [] {
+      nn::HybridSequential net;
+      net.add(nn::Dense(256, "relu"), nn::Dense(128, "relu"), nn::Dense(2));
+      return net;
+    };
+    nn::HybridSequential on_cpu = mlp(), on_gpu = mlp();
+    on_cpu.initialize(nn::init::Uniform(), cpu());
+    on_gpu.initialize(nn::init::Uniform(), cuda(0));
+    Tensor input = random_normal({4, 512}, 0, 1);
+    seed(21);  // the weights are drawn at the first call, on the host, for either device
+    Tensor want = on_cpu(input);
+    seed(21);
+    close(on_gpu(input.to(cuda(0))), want, 1e-4);
   }
 
   TEST_CASE("gpu: freed memory is reused, and running out is an OutOfMemory naming the GPU") {

@@ -191,19 +191,31 @@ Tensor evaluate_recorded(const E& e);
 template <class E>
 void push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& out);
 
+inline void copy_into(const Tensor& src, const Tensor& dst);
+
 // Queues a copy to, from or between GPUs: bytes moved on the GPU's stream
-// (from the host through pinned staging), so one dtype and contiguous
-// layouts on both sides.
+// (from the host through pinned staging). The GPU's side must be contiguous
+// and in the destination's dtype; the host's side is made so on the host.
 inline void copy_with_gpu(const Tensor& src, const Tensor& dst) {
   const Device gpu = dst.device().kind == DeviceKind::cuda ? dst.device() : src.device();
+  if (src.device().kind != DeviceKind::cuda && (!src.is_contiguous() || src.dtype() != dst.dtype())) {
+    Tensor staged(src.shape(), dst.dtype(), src.device());
+    copy_into(src, staged);
+    return copy_with_gpu(staged, dst);
+  }
+  if (dst.device().kind != DeviceKind::cuda && (!dst.is_contiguous() || src.dtype() != dst.dtype())) {
+    Tensor staged(dst.shape(), src.dtype(), dst.device());
+    copy_with_gpu(src, staged);
+    return copy_into(staged, dst);
+  }
   if (src.dtype() != dst.dtype())
     fail<DTypeError>("copy from ", src.device(), " to ", dst.device(), ": converting ", name(src.dtype()), " to ",
                      name(dst.dtype()), " is not done on a GPU yet; convert with astype on the CPU");
   if (!src.is_contiguous() || !dst.is_contiguous())
     fail<DeviceError>("copy from ", src.device(), " to ", dst.device(), ": a view of shape ",
-                      to_string(src.is_contiguous() ? dst.shape() : src.shape()),
-                      " that is not contiguous cannot be copied to or from ", gpu,
-                      " yet; make it contiguous on the CPU first");
+                      to_string(src.is_contiguous() ? dst.shape() : src.shape()), " on ", gpu,
+                      " that is not contiguous cannot be copied yet; copy the whole tensor and take the view on "
+                      "the CPU");
   push_op_on(gpu, "copy", {src}, {dst}, [src, dst] {
     using backend::cuda::CUdeviceptr;
     const std::size_t bytes = static_cast<std::size_t>(src.size()) * size_of(src.dtype());

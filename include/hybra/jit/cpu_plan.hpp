@@ -29,6 +29,9 @@ class CpuPlan {
  public:
   CpuPlan(graph::Graph g, Device device, bool training, std::string name)
       : state_(std::make_shared<State>()) {
+    if (device.kind == DeviceKind::cuda)
+      fail<DeviceError>(name, ": a hybridized block runs on the CPU only so far (captured graphs on a GPU are not "
+                        "built yet, docs/cuda.md); call it without hybridize() on ", device);
     auto& s = *state_;
     s.graph = std::move(g);
     s.vars = s.graph.vars();

@@ -17,7 +17,9 @@ namespace hybra {
 
 template <class E>
 void detail::push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& out) {
-  static const std::string name = type_string(e);
+  // Never destroyed: ops still queued when the program ends run after
+  // function-local statics are gone, and they use these.
+  static const std::string& name = *new std::string(type_string(e));
   if (!out.is_contiguous())
     fail<DeviceError>(name, " on ", out.device(), ": the destination is a view of shape ", to_string(out.shape()),
                       " that is not contiguous; on a GPU an expression writes a contiguous tensor (so far)");
@@ -33,8 +35,8 @@ void detail::push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& 
   struct Compiled {
     std::string ptx, kernel;
   };
-  static std::mutex mutex;
-  static std::map<std::pair<DType, std::string>, Compiled> compiled;  // by dtype and architecture
+  static std::mutex& mutex = *new std::mutex;
+  static auto& compiled = *new std::map<std::pair<DType, std::string>, Compiled>;  // by dtype and architecture
   const Compiled* kernel;
   {
     std::lock_guard g(mutex);

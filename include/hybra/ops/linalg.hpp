@@ -18,6 +18,7 @@
 #include "../backend/cpu/blas.hpp"
 #include "../backend/cpu/gemv.hpp"
 #include "../backend/cpu/threads.hpp"
+#include "../backend/cuda/cublas.hpp"
 #include "../expr/evaluate.hpp"
 #include "layout.hpp"
 
@@ -64,34 +65,46 @@ inline std::int64_t batch_offset(std::int64_t index, const Shape& batch, const S
 // spread over hybra's threads instead (larger ones are threaded by OpenBLAS).
 inline constexpr std::int64_t small_gemm = 1 << 18, small_gemv = 9216;
 
+// How a product walks its batch: the operands' BLAS layouts (both must be
+// ok) and their batch strides. x @ W with one W for the whole batch folds
+// the batch into the rows of a single product, which BLAS (or cuBLAS) runs
+// far better than B small ones.
+struct batched_product {
+  blas_matrix la, lb;
+  std::int64_t M, B;
+  Strides sa, sb;
+
+  batched_product(const Tensor& a, const Tensor& b, const Shape& batch, std::int64_t rows, std::int64_t K,
+                  std::int64_t N, std::int64_t items)
+      : la(blas_layout(a)), lb(blas_layout(b)), M(rows), B(items), sa(batch_strides(a, batch)),
+        sb(batch_strides(b, batch)) {
+    if (B > 1 && b.size() == K * N && a.size() == B * M * K && a.is_contiguous()) {
+      M *= B;
+      B = 1;
+      la = {true, false, K};
+    }
+  }
+  // Element offsets of batch item bi's matrices.
+  std::int64_t a_offset(std::int64_t bi, const Shape& batch) const { return B > 1 ? batch_offset(bi, batch, sa) : 0; }
+  std::int64_t b_offset(std::int64_t bi, const Shape& batch) const { return B > 1 ? batch_offset(bi, batch, sb) : 0; }
+};
+
 template <class T>
-void blas_product(Tensor a, Tensor b, const Shape& batch, T* c, std::int64_t M, std::int64_t K, std::int64_t N,
-                  std::int64_t B) {
+void blas_product(Tensor a, Tensor b, const Shape& batch, T* c, std::int64_t rows, std::int64_t K, std::int64_t N,
+                  std::int64_t items) {
   namespace blas = backend::cpu::blas;
-  auto la = blas_layout(a), lb = blas_layout(b);
-  if (!la.ok) {
-    a = a.contiguous();
-    la = blas_layout(a);
-  }
-  if (!lb.ok) {
-    b = b.contiguous();
-    lb = blas_layout(b);
-  }
-  // x @ W with one W for the whole batch: the batch folds into the rows of a
-  // single product, which BLAS parallelises far better than B small ones.
-  if (B > 1 && b.size() == K * N && a.size() == B * M * K && a.is_contiguous()) {
-    M *= B;
-    B = 1;
-    la = {true, false, K};
-  }
-  const Strides sa = batch_strides(a, batch), sb = batch_strides(b, batch);
+  if (!blas_layout(a).ok) a = a.contiguous();
+  if (!blas_layout(b).ok) b = b.contiguous();
+  const batched_product plan(a, b, batch, rows, K, N, items);
+  const auto &la = plan.la, &lb = plan.lb;
+  const std::int64_t M = plan.M, B = plan.B;
   const T* a0 = static_cast<const T*>(a.raw_data());
   const T* b0 = static_cast<const T*>(b.raw_data());
   const std::int64_t a_k = K == 1 ? 1 : a.strides()[static_cast<std::size_t>(a.ndim()) - 1];
   const std::int64_t b_k = K == 1 ? 1 : b.strides()[static_cast<std::size_t>(b.ndim()) - 2];
   auto one = [&](std::int64_t bi) {
-    const T* pa = a0 + (B > 1 ? batch_offset(bi, batch, sa) : 0);
-    const T* pb = b0 + (B > 1 ? batch_offset(bi, batch, sb) : 0);
+    const T* pa = a0 + plan.a_offset(bi, batch);
+    const T* pb = b0 + plan.b_offset(bi, batch);
     T* pc = c + bi * M * N;
     if (M == 1 && N == 1) {
       *pc = blas::dot(K, pa, a_k, pb, b_k);
@@ -163,6 +176,41 @@ void product(const Tensor& a, const Tensor& b, const Shape& batch, T* c) {
   else integer_product(a, b, batch, c, M, K, N, B);
 }
 
+// The same product on a GPU: one cuBLAS GEMM per batch item on the GPU's
+// stream (a shared right operand folds the batch into rows, as on the CPU).
+// a and b are in layouts cuBLAS reads (blas_layout), checked by the caller.
+template <class T>
+void gpu_product(const Tensor& a, const Tensor& b, const Shape& batch, const Tensor& c) {
+  const auto na = static_cast<std::size_t>(a.ndim());
+  const std::int64_t rows = a.shape()[na - 2], K = a.shape()[na - 1], N = b.shape().back();
+  const std::int64_t items = checked_numel(batch);
+  backend::cuda::Gpu& gpu = backend::cuda::gpu(c.device().id);
+  T* pc = static_cast<T*>(c.raw_data());
+  if (items == 0 || rows == 0 || N == 0) return;
+  if (K == 0) {
+    gpu.fill(reinterpret_cast<backend::cuda::CUdeviceptr>(pc), 0, 4,
+             static_cast<std::size_t>(items * rows * N) * sizeof(T) / 4);
+    return;
+  }
+  const batched_product plan(a, b, batch, rows, K, N, items);
+  const T* a0 = static_cast<const T*>(a.raw_data());
+  const T* b0 = static_cast<const T*>(b.raw_data());
+  for (std::int64_t bi = 0; bi < plan.B; ++bi)
+    backend::cuda::gemm<T>(gpu, plan.la.trans, plan.lb.trans, plan.M, N, K, T(1), a0 + plan.a_offset(bi, batch),
+                           plan.la.ld, b0 + plan.b_offset(bi, batch), plan.lb.ld, T(0), pc + bi * plan.M * N, N);
+}
+
+// Refuses, at the call, a GPU product cuBLAS cannot take: integer dtypes,
+// and views whose matrices are neither row- nor column-major.
+inline void require_gpu_product(std::string_view op, DType dtype, std::initializer_list<const Tensor*> operands) {
+  if (!is_floating(dtype))
+    fail<DTypeError>(op, ": ", name(dtype), " products are not done on a GPU (float32 or float64 are)");
+  for (const Tensor* t : operands)
+    if (!blas_layout(*t).ok)
+      fail<DeviceError>(op, ": an operand of shape ", to_string(t->shape()), " on ", t->device(),
+                        " is a view whose matrices are neither row- nor column-major; make it contiguous first");
+}
+
 // A 1-d operand as a 1 x K row (as_row) or a K x 1 column, sharing storage.
 inline Tensor as_matrix(const Tensor& v, bool as_row) {
   const std::int64_t k = v.shape()[0], s = v.strides()[0];
@@ -209,6 +257,16 @@ Tensor matmul(A&& a_in, B&& b_in) {
   if (sa.size() > 1) out_shape.push_back(a.shape()[na - 2]);
   if (sb.size() > 1) out_shape.push_back(b.shape()[nb - 1]);
   Tensor out(out_shape, dtype, a.device());
+  if (out.device().kind == DeviceKind::cuda) {
+    la::require_gpu_product("matmul", dtype, {&a, &b});
+    push_op_on(out.device(), "matmul", {a, b}, {out}, [a, b, batch, out] {
+      dispatch(out.dtype(), [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (std::is_floating_point_v<T>) la::gpu_product<T>(a, b, batch, out);
+      });
+    });
+    return rec.output(out);
+  }
   push_op("matmul", {a, b}, {out}, [a, b, batch, out] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;

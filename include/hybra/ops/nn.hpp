@@ -72,6 +72,26 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
   Tensor w = detail::linalg::to_dtype(weight, dtype).contiguous();
   Tensor b = bias.defined() ? detail::linalg::to_dtype(bias, dtype).contiguous() : Tensor{};
   Tensor out({x.shape()[0], w.shape()[0]}, dtype, x.device());
+  if (out.device().kind == DeviceKind::cuda) {
+    // Two cuBLAS GEMMs: the bias into every row (ones (M x 1) times b (1 x N)),
+    // then x w^T added on top.
+    const std::int64_t M = x.shape()[0], K = x.shape()[1], N = w.shape()[0];
+    const Tensor rows = b.defined() ? ones({M}, dtype, out.device()) : Tensor{};
+    push_op_on(out.device(), "fully_connected", {x, w, b.defined() ? b : w, b.defined() ? rows : w}, {out},
+               [x, w, b, rows, out, M, K, N] {
+                 backend::cuda::Gpu& gpu = backend::cuda::gpu(out.device().id);
+                 dispatch(out.dtype(), [&](auto tag) {
+                   using T = typename decltype(tag)::type;
+                   if constexpr (std::is_floating_point_v<T>) {
+                     auto at = [](const Tensor& t) { return static_cast<T*>(t.raw_data()); };
+                     if (b.defined()) backend::cuda::gemm<T>(gpu, false, false, M, N, 1, T(1), at(rows), 1, at(b), N, T(0), at(out), N);
+                     backend::cuda::gemm<T>(gpu, false, true, M, N, K, T(1), at(x), K, at(w), K, T(b.defined() ? 1 : 0),
+                                            at(out), N);
+                   }
+                 });
+               });
+    return rec.output(out);
+  }
   push_op("fully_connected", {x, w, b.defined() ? b : w}, {out}, [x, w, b, out] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;

@@ -204,8 +204,10 @@ inline LoadedDriver load_driver() {
   return d;
 }
 
+// Never destroyed: GPU ops still queued when the program ends run after
+// function-local statics are gone.
 inline const LoadedDriver& loaded_driver() {
-  static const LoadedDriver d = load_driver();
+  static const LoadedDriver& d = *new LoadedDriver(load_driver());
   return d;
 }
 

@@ -1,0 +1,125 @@
+#pragma once
+// cuBLAS, loaded at run time (library.hpp): the matrix products of GPU
+// tensors. cuBLAS is column-major; hybra's matrices are row-major, so a
+// product C = A B is asked of cuBLAS as C^T = B^T A^T, which reads the same
+// memory with no copy (gemm below takes row-major operands).
+//
+// The library is libcublas.so.13 or .12 (found by the dynamic loader, else in
+// /usr/local/cuda/lib64), or the file $HYBRA_CUBLAS names (the tests point it
+// at a stand-in, tests/fake_cuda).
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "gpu.hpp"
+
+namespace hybra::backend::cuda {
+
+namespace handle {
+struct cublasContext;
+}
+using cublasHandle_t = handle::cublasContext*;
+using cublasStatus_t = int;
+
+class Cublas {
+ public:
+  Cublas() : library_(open()) {
+    if (!library_.loaded()) return;
+    load(create, "cublasCreate_v2");
+    load(set_stream, "cublasSetStream_v2");
+    load(sgemm, "cublasSgemm_v2");
+    load(dgemm, "cublasDgemm_v2");
+    load(status_name, "cublasGetStatusName");
+    load(status_string, "cublasGetStatusString");
+  }
+
+  bool loaded() const { return library_.loaded(); }
+  const std::string& problem() const { return library_.error(); }
+
+  void check(cublasStatus_t s, std::string_view call) const {
+    if (s == 0) return;
+    const char *name = status_name(s), *text = status_string(s);
+    if (s == 3)  // CUBLAS_STATUS_ALLOC_FAILED
+      fail<OutOfMemory>("cuBLAS: ", call, " failed: ", name ? name : "", " (", s, "): ", text ? text : "");
+    fail<DeviceError>("cuBLAS: ", call, " failed: ", name ? name : "", " (", s, "): ", text ? text : "");
+  }
+
+  cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
+  cublasStatus_t (*set_stream)(cublasHandle_t, CUstream) = nullptr;
+  cublasStatus_t (*sgemm)(cublasHandle_t, int, int, int, int, int, const float*, const float*, int, const float*, int,
+                          const float*, float*, int) = nullptr;
+  cublasStatus_t (*dgemm)(cublasHandle_t, int, int, int, int, int, const double*, const double*, int, const double*,
+                          int, const double*, double*, int) = nullptr;
+  const char* (*status_name)(cublasStatus_t) = nullptr;
+  const char* (*status_string)(cublasStatus_t) = nullptr;
+
+ private:
+  static SharedLibrary open() {
+    if (const char* file = std::getenv("HYBRA_CUBLAS"); file && *file) return SharedLibrary({file});
+    return SharedLibrary({"libcublas.so.13", "libcublas.so.12", "/usr/local/cuda/lib64/libcublas.so"});
+  }
+  template <class F>
+  void load(F& f, const char* symbol) {
+    f = library_.function<F>(symbol);
+  }
+
+  SharedLibrary library_;
+};
+
+// Never destroyed, like the driver (driver.hpp).
+inline const Cublas& cublas() {
+  static const Cublas& library = *new Cublas;
+  if (!library.loaded()) fail<DeviceError>("cuBLAS could not be loaded: ", library.problem());
+  return library;
+}
+
+namespace detail {
+// Each GPU's cuBLAS handle, made on first use on its stream; kept for the
+// process's life, like the GPUs.
+inline cublasHandle_t cublas_handle(Gpu& gpu) {
+  static std::mutex& mutex = *new std::mutex;
+  static std::array<cublasHandle_t, max_gpu_devices> handles{};
+  const Cublas& cb = cublas();
+  const int id = gpu.device().id;
+  std::lock_guard g(mutex);
+  if (!handles[static_cast<std::size_t>(id)]) {
+    gpu.bind();
+    cublasHandle_t h = nullptr;
+    cb.check(cb.create(&h), "cublasCreate");
+    cb.check(cb.set_stream(h, gpu.stream()), "cublasSetStream");
+    handles[static_cast<std::size_t>(id)] = h;
+  }
+  return handles[static_cast<std::size_t>(id)];
+}
+}  // namespace detail
+
+// C (M x N, row-major, row stride ldc) = alpha A B + beta C on the GPU's
+// stream, where A is M x K and B is K x N, each row-major with row stride
+// ld, or, when trans_*, stored column-major with column stride ld (a
+// transposed view). T is float or double.
+template <class T>
+void gemm(Gpu& gpu, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
+          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "hybra: cuBLAS products are float or double");
+  for (std::int64_t v : {M, N, K, lda, ldb, ldc})
+    if (v > INT_MAX)
+      fail<ShapeError>("cuBLAS: a product of ", M, " x ", K, " by ", K, " x ", N,
+                       " has a dimension over 2^31 - 1, which cuBLAS does not take");
+  const Cublas& cb = cublas();
+  cublasHandle_t h = detail::cublas_handle(gpu);
+  const int op_a = trans_a ? 1 : 0, op_b = trans_b ? 1 : 0;  // CUBLAS_OP_T : CUBLAS_OP_N
+  auto i = [](std::int64_t v) { return static_cast<int>(v); };
+  // Column-major C^T (N x M) = B^T (N x K) A^T (K x M): a row-major matrix is
+  // its own transpose read column-major, so the operands swap and keep their ops.
+  if constexpr (std::is_same_v<T, float>)
+    cb.check(cb.sgemm(h, op_b, op_a, i(N), i(M), i(K), &alpha, b, i(ldb), a, i(lda), &beta, c, i(ldc)), "cublasSgemm");
+  else
+    cb.check(cb.dgemm(h, op_b, op_a, i(N), i(M), i(K), &alpha, b, i(ldb), a, i(lda), &beta, c, i(ldc)), "cublasDgemm");
+}
+
+}  // namespace hybra::backend::cuda
