@@ -39,13 +39,13 @@ Tensor full(const Shape& shape, V value, DType dtype = DType::float32, Device de
 }
 template <class V>
 Tensor detail::full_on_gpu(const Shape& shape, V value, DType dtype, Device device) {
-  Tensor t(shape, dtype, device);
   return dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T v = static_cast<T>(value);
     std::uint32_t words[2] = {};
     std::memcpy(words, &v, sizeof(T));
     if (sizeof(T) == 8 && words[0] != words[1]) return full(shape, value, dtype, cpu()).to(device);
+    Tensor t(shape, dtype, device);
     const int width = sizeof(T) == 1 ? 1 : 4;
     const auto count = static_cast<std::size_t>(t.size()) * sizeof(T) / static_cast<std::size_t>(width);
     push_op_on(device, "full", {}, {t}, [t, pattern = words[0], width, count] {

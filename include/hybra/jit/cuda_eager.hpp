@@ -36,15 +36,16 @@ void detail::push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& 
     std::string ptx, kernel;
   };
   static std::mutex& mutex = *new std::mutex;
-  static auto& compiled = *new std::map<std::pair<DType, std::string>, Compiled>;  // by dtype and architecture
+  static auto& compiled = *new std::map<std::pair<DType, int>, Compiled>;  // by dtype and GPU
   const Compiled* kernel;
   {
     std::lock_guard g(mutex);
-    auto key = std::make_pair(out.dtype(), gpu.arch());
+    const auto key = std::make_pair(out.dtype(), out.device().id);
     auto it = compiled.find(key);
     if (it == compiled.end()) {
+      // GPUs of one architecture share the compile through the kernel cache.
       jit::CudaKernel k = jit::cuda_elementwise_kernel(jit::fused_program(e));
-      std::string ptx = jit::cuda_ptx(jit::cuda_program({k}), k.name + ".cu", key.second);
+      std::string ptx = jit::cuda_ptx(jit::cuda_program({k}), k.name + ".cu", gpu.arch());
       it = compiled.emplace(key, Compiled{std::move(ptx), std::move(k.name)}).first;
     }
     kernel = &it->second;  // std::map entries stay where they are
