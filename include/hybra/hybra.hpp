@@ -9,7 +9,7 @@
 #include "graph/graph.hpp"
 #include "graph/passes.hpp"
 #include "graph/symbol.hpp"
-#include "jit/cpu_plan.hpp"
+#include "jit/plan.hpp"
 #include "jit/cuda_source.hpp"
 #include "backend/cuda/driver.hpp"
 #include "nn/block.hpp"

@@ -1,18 +1,24 @@
-// A stand-in for cuBLAS (libcublas.so), beside the stand-in driver
-// (fake_driver.cpp), whose GPU memory is host memory: its GEMMs compute, on
-// the host and column-major as cuBLAS does, so the tests check that hybra
-// hands row-major products, transposed views and batches to cuBLAS right.
+// A stand-in for cuBLAS and cuBLASLt (libcublas.so, libcublasLt.so: one
+// library has both APIs), beside the stand-in driver (fake_driver.cpp), whose
+// GPU memory is host memory: its products compute, on the host and
+// column-major as cuBLAS does, queued on the stream through the stand-in
+// driver (so a captured graph replays them), so the tests check that hybra
+// hands row-major products, transposed views, batches and cuBLASLt's
+// epilogues to cuBLAS right.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
+
+void hybra_fake_cuda_on_stream(void* stream, std::function<void()> work);
 
 namespace {
 
 constexpr int success = 0, invalid_value = 7;
 
 template <class T>
-int gemm(int transa, int transb, int m, int n, int k, const T* alpha, const T* a, int lda, const T* b, int ldb,
-         const T* beta, T* c, int ldc) {
-  if (m < 0 || n < 0 || k < 0 || ldc < m) return invalid_value;
+void gemm(int transa, int transb, int m, int n, int k, T alpha, const T* a, int lda, const T* b, int ldb, T beta, T* c,
+          int ldc) {
   auto at = [&](int i, int p) { return transa ? a[p + static_cast<std::int64_t>(i) * lda] : a[i + static_cast<std::int64_t>(p) * lda]; };
   auto bt = [&](int p, int j) { return transb ? b[j + static_cast<std::int64_t>(p) * ldb] : b[p + static_cast<std::int64_t>(j) * ldb]; };
   for (int j = 0; j < n; ++j)
@@ -20,35 +26,160 @@ int gemm(int transa, int transb, int m, int n, int k, const T* alpha, const T* a
       T sum = 0;
       for (int p = 0; p < k; ++p) sum += at(i, p) * bt(p, j);
       T& out = c[i + static_cast<std::int64_t>(j) * ldc];
-      out = *alpha * sum + (*beta == T(0) ? T(0) : *beta * out);
+      out = alpha * sum + (beta == T(0) ? T(0) : beta * out);
     }
+}
+
+std::atomic<long> gemms{0}, lt_matmuls{0};
+
+struct Handle {
+  void* stream = nullptr;
+};
+
+template <class T>
+int queue_gemm(void* handle, int transa, int transb, int m, int n, int k, const T* alpha, const T* a, int lda,
+               const T* b, int ldb, const T* beta, T* c, int ldc) {
+  if (m < 0 || n < 0 || k < 0 || ldc < m) return invalid_value;
+  ++gemms;
+  hybra_fake_cuda_on_stream(static_cast<Handle*>(handle)->stream,
+                            [=, alpha = *alpha, beta = *beta] { gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
   return success;
 }
 
-std::atomic<long> gemms{0};
+// cuBLASLt's descriptors, as far as hybra sets them.
+struct MatmulDesc {
+  int compute = 0, transa = 0, transb = 0;
+  std::uint32_t epilogue = 1;
+  const void* bias = nullptr;
+};
+struct Layout {
+  int type;
+  std::uint64_t rows, cols;
+  std::int64_t ld;
+};
+struct Algo {
+  std::uint64_t data[8];
+};
+struct HeuristicResult {
+  Algo algo;
+  std::size_t workspace;
+  int state;
+  float waves;
+  int reserved[4];
+};
+constexpr std::uint32_t epilogue_relu = 2, epilogue_bias = 4;
+
+template <class T>
+void lt_matmul(const MatmulDesc& d, const Layout& la, const Layout& lb, const Layout& ld, T alpha, const T* a,
+               const T* b, T beta, T* out) {
+  const int m = static_cast<int>(ld.rows), n = static_cast<int>(ld.cols);
+  const int k = static_cast<int>(d.transa ? la.rows : la.cols);
+  gemm(d.transa, d.transb, m, n, k, alpha, a, static_cast<int>(la.ld), b, static_cast<int>(lb.ld), beta, out,
+       static_cast<int>(ld.ld));
+  const T* bias = static_cast<const T*>(d.bias);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      T& v = out[i + static_cast<std::int64_t>(j) * ld.ld];
+      if (d.epilogue & epilogue_bias) v += bias[i];
+      if (d.epilogue & epilogue_relu) v = std::max(v, T(0));
+    }
+}
 
 }  // namespace
 
 extern "C" {
 int cublasCreate_v2(void** handle) {
-  static int the_handle;
-  *handle = &the_handle;
+  *handle = new Handle;
   return success;
 }
-int cublasSetStream_v2(void*, void*) { return success; }
-int cublasSgemm_v2(void*, int transa, int transb, int m, int n, int k, const float* alpha, const float* a, int lda,
-                   const float* b, int ldb, const float* beta, float* c, int ldc) {
-  ++gemms;
-  return gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+int cublasSetStream_v2(void* handle, void* stream) {
+  static_cast<Handle*>(handle)->stream = stream;
+  return success;
 }
-int cublasDgemm_v2(void*, int transa, int transb, int m, int n, int k, const double* alpha, const double* a, int lda,
+int cublasSgemm_v2(void* h, int transa, int transb, int m, int n, int k, const float* alpha, const float* a, int lda,
+                   const float* b, int ldb, const float* beta, float* c, int ldc) {
+  return queue_gemm(h, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+int cublasDgemm_v2(void* h, int transa, int transb, int m, int n, int k, const double* alpha, const double* a, int lda,
                    const double* b, int ldb, const double* beta, double* c, int ldc) {
-  ++gemms;
-  return gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return queue_gemm(h, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 const char* cublasGetStatusName(int s) { return s == success ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_INVALID_VALUE"; }
 const char* cublasGetStatusString(int s) { return s == success ? "success" : "an invalid numeric value was used as an argument"; }
 
-// Test hook.
+int cublasLtCreate(void** handle) {
+  *handle = new Handle;
+  return success;
+}
+int cublasLtMatmulDescCreate(void** desc, int compute, int) {
+  *desc = new MatmulDesc{compute};
+  return success;
+}
+int cublasLtMatmulDescDestroy(void* desc) {
+  delete static_cast<MatmulDesc*>(desc);
+  return success;
+}
+int cublasLtMatmulDescSetAttribute(void* desc, int attribute, const void* value, std::size_t bytes) {
+  auto& d = *static_cast<MatmulDesc*>(desc);
+  switch (attribute) {
+    case 3: if (bytes != sizeof(int)) return invalid_value; d.transa = *static_cast<const int*>(value); return success;
+    case 4: if (bytes != sizeof(int)) return invalid_value; d.transb = *static_cast<const int*>(value); return success;
+    case 7: if (bytes != 4) return invalid_value; d.epilogue = *static_cast<const std::uint32_t*>(value); return success;
+    case 8: if (bytes != sizeof(void*)) return invalid_value; d.bias = *static_cast<const void* const*>(value); return success;
+  }
+  return invalid_value;
+}
+int cublasLtMatrixLayoutCreate(void** layout, int type, std::uint64_t rows, std::uint64_t cols, std::int64_t ld) {
+  if (ld < static_cast<std::int64_t>(rows)) return invalid_value;
+  *layout = new Layout{type, rows, cols, ld};
+  return success;
+}
+int cublasLtMatrixLayoutDestroy(void* layout) {
+  delete static_cast<Layout*>(layout);
+  return success;
+}
+int cublasLtMatmulPreferenceCreate(void** preference) {
+  static int the_preference;
+  *preference = &the_preference;
+  return success;
+}
+int cublasLtMatmulPreferenceDestroy(void*) { return success; }
+int cublasLtMatmulPreferenceSetAttribute(void*, int attribute, const void*, std::size_t bytes) {
+  return attribute == 1 && bytes == 8 ? success : invalid_value;
+}
+int cublasLtMatmulAlgoGetHeuristic(void*, void*, void*, void*, void*, void*, void*, int requested,
+                                   HeuristicResult* results, int* found) {
+  if (requested < 1) return invalid_value;
+  results[0] = HeuristicResult{};
+  *found = 1;
+  return success;
+}
+int cublasLtMatmul(void* handle, void* desc, const void* alpha, const void* a, void* a_layout, const void* b,
+                   void* b_layout, const void* beta, const void* c, void*, void* d, void* d_layout, const void*,
+                   void*, std::size_t, void* stream) {
+  const auto& md = *static_cast<MatmulDesc*>(desc);
+  const auto &la = *static_cast<Layout*>(a_layout), &lb = *static_cast<Layout*>(b_layout),
+             &ld = *static_cast<Layout*>(d_layout);
+  if (c != d || ((md.epilogue & epilogue_bias) && !md.bias)) return invalid_value;
+  const std::uint64_t k_a = md.transa ? la.rows : la.cols, k_b = md.transb ? lb.cols : lb.rows;
+  if (k_a != k_b || (md.transa ? la.cols : la.rows) != ld.rows || (md.transb ? lb.rows : lb.cols) != ld.cols)
+    return invalid_value;
+  ++lt_matmuls;
+  (void)handle;
+  if (md.compute == 68)
+    hybra_fake_cuda_on_stream(stream, [=, alpha = *static_cast<const float*>(alpha), beta = *static_cast<const float*>(beta)] {
+      lt_matmul(md, la, lb, ld, alpha, static_cast<const float*>(a), static_cast<const float*>(b), beta, static_cast<float*>(d));
+    });
+  else
+    hybra_fake_cuda_on_stream(stream, [=, alpha = *static_cast<const double*>(alpha), beta = *static_cast<const double*>(beta)] {
+      lt_matmul(md, la, lb, ld, alpha, static_cast<const double*>(a), static_cast<const double*>(b), beta, static_cast<double*>(d));
+    });
+  return success;
+}
+const char* cublasLtGetStatusName(int s) { return cublasGetStatusName(s); }
+const char* cublasLtGetStatusString(int s) { return cublasGetStatusString(s); }
+
+// Test hooks.
 long hybra_fake_cublas_gemms() { return gemms.load(); }
+long hybra_fake_cublas_lt_matmuls() { return lt_matmuls.load(); }
 }

@@ -4,17 +4,21 @@
 // and reporting errors. It has two "GPUs" whose memory is host memory
 // (HYBRA_FAKE_CUDA_MEMORY bytes each, default 64 MiB), runs copies at once,
 // and launches nothing: a launch is recorded, not run, so what kernels
-// compute is checked only on a real GPU (tests/gpu). The test hooks at the
-// end let a test inject a device error and count calls.
+// compute is checked only on a real GPU (tests/gpu). Stream capture records
+// a stream's copies, memsets, launches and the stand-in cuBLAS's products
+// (hybra_fake_cuda_on_stream) into a graph that cuGraphLaunch replays. The
+// test hooks at the end let a test inject a device error and count calls.
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -41,6 +45,11 @@ struct State {
   std::deque<Module> modules;  // what the handles point at, kept for the process, as the driver keeps them
   std::deque<Function> functions;
   std::string last_launch;
+  std::map<void*, std::vector<std::function<void()>>> capturing;  // stream -> what it recorded so far
+};
+
+struct Graph {
+  std::vector<std::function<void()>> work;
 };
 
 thread_local int current = -1;  // the GPU of the calling thread's context
@@ -62,7 +71,23 @@ void count(const char* call) {
 // Contexts are the GPU's number plus one, cast to a pointer.
 int gpu_of(void* context) { return static_cast<int>(reinterpret_cast<std::intptr_t>(context)) - 1; }
 
+// Runs work now, or records it when the stream is being captured.
+void on_stream(void* stream, std::function<void()> work) {
+  {
+    State& s = state();
+    std::lock_guard g(s.mutex);
+    if (auto it = s.capturing.find(stream); it != s.capturing.end()) {
+      it->second.push_back(std::move(work));
+      return;
+    }
+  }
+  work();
+}
+
 }  // namespace
+
+// For the stand-in cuBLAS: its products go through the stream like copies.
+void hybra_fake_cuda_on_stream(void* stream, std::function<void()> work) { on_stream(stream, std::move(work)); }
 
 extern "C" {
 
@@ -171,33 +196,36 @@ CUresult cuMemFreeHost(void* p) {
   std::free(p);
   return success;
 }
-CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, std::size_t bytes, void*) {
+CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, std::size_t bytes, void* stream) {
   count("cuMemcpyHtoDAsync");
-  std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+  on_stream(stream, [=] { std::memcpy(reinterpret_cast<void*>(dst), src, bytes); });
   return success;
 }
-CUresult cuMemcpyDtoHAsync_v2(void* dst, unsigned long long src, std::size_t bytes, void*) {
+CUresult cuMemcpyDtoHAsync_v2(void* dst, unsigned long long src, std::size_t bytes, void* stream) {
   count("cuMemcpyDtoHAsync");
-  std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
+  on_stream(stream, [=] { std::memcpy(dst, reinterpret_cast<const void*>(src), bytes); });
   return success;
 }
-CUresult cuMemcpyDtoDAsync_v2(unsigned long long dst, unsigned long long src, std::size_t bytes, void*) {
+CUresult cuMemcpyDtoDAsync_v2(unsigned long long dst, unsigned long long src, std::size_t bytes, void* stream) {
   count("cuMemcpyDtoDAsync");
-  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+  on_stream(stream, [=] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes); });
   return success;
 }
-CUresult cuMemcpyPeerAsync(unsigned long long dst, void*, unsigned long long src, void*, std::size_t bytes, void*) {
+CUresult cuMemcpyPeerAsync(unsigned long long dst, void*, unsigned long long src, void*, std::size_t bytes,
+                           void* stream) {
   count("cuMemcpyPeerAsync");
-  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+  on_stream(stream, [=] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes); });
   return success;
 }
-CUresult cuMemsetD8Async(unsigned long long dst, unsigned char value, std::size_t count, void*) {
-  std::memset(reinterpret_cast<void*>(dst), value, count);
+CUresult cuMemsetD8Async(unsigned long long dst, unsigned char value, std::size_t count, void* stream) {
+  on_stream(stream, [=] { std::memset(reinterpret_cast<void*>(dst), value, count); });
   return success;
 }
-CUresult cuMemsetD32Async(unsigned long long dst, unsigned value, std::size_t count, void*) {
-  auto* p = reinterpret_cast<unsigned*>(dst);
-  for (std::size_t i = 0; i < count; ++i) p[i] = value;
+CUresult cuMemsetD32Async(unsigned long long dst, unsigned value, std::size_t count, void* stream) {
+  on_stream(stream, [=] {
+    auto* p = reinterpret_cast<unsigned*>(dst);
+    for (std::size_t i = 0; i < count; ++i) p[i] = value;
+  });
   return success;
 }
 CUresult cuStreamCreate(void** stream, unsigned) {
@@ -236,12 +264,50 @@ CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
   *function = &state().functions.emplace_back(Function{name});
   return success;
 }
-CUresult cuLaunchKernel(void* function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
-                        void**, void**) {
+CUresult cuLaunchKernel(void* function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        void* stream, void**, void**) {
+  count("cuLaunchKernel");
+  const std::string name = static_cast<Function*>(function)->name;
+  on_stream(stream, [name] {
+    State& s = state();
+    std::lock_guard g(s.mutex);
+    ++s.calls["kernels run"];
+    s.last_launch = name;
+  });
+  return success;
+}
+
+CUresult cuStreamBeginCapture_v2(void* stream, int) {
   State& s = state();
   std::lock_guard g(s.mutex);
-  ++s.calls["cuLaunchKernel"];
-  s.last_launch = static_cast<Function*>(function)->name;
+  ++s.calls["cuStreamBeginCapture"];
+  if (!s.capturing.emplace(stream, std::vector<std::function<void()>>{}).second) return invalid_value;
+  return success;
+}
+CUresult cuStreamEndCapture(void* stream, void** graph) {
+  State& s = state();
+  std::lock_guard g(s.mutex);
+  auto it = s.capturing.find(stream);
+  if (it == s.capturing.end()) return invalid_value;
+  *graph = new Graph{std::move(it->second)};
+  s.capturing.erase(it);
+  return success;
+}
+CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) {
+  *exec = new Graph(*static_cast<Graph*>(graph));
+  return success;
+}
+CUresult cuGraphLaunch(void* exec, void* stream) {
+  count("cuGraphLaunch");
+  for (const auto& work : static_cast<Graph*>(exec)->work) on_stream(stream, work);
+  return success;
+}
+CUresult cuGraphExecDestroy(void* exec) {
+  delete static_cast<Graph*>(exec);
+  return success;
+}
+CUresult cuGraphDestroy(void* graph) {
+  delete static_cast<Graph*>(graph);
   return success;
 }
 

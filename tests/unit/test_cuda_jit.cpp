@@ -221,6 +221,27 @@ TEST_CASE("cuda: a fused program is one kernel, named by its body, with its cons
   CHECK_THROWS_WITH_AS(jit::cuda_elementwise_kernel(p), doctest::Contains("op #999"), ValueError);
 }
 
+TEST_CASE("cuda: a broadcast operand or a view is read through its strides, which are constants of the kernel") {
+  // a (2 x 3, contiguous) + b (3, broadcast along rows) + c^T (a 3 x 2 tensor transposed).
+  Tensor a = ones({2, 3}), b = ones({3}), c = ones({3, 2});
+  const auto p = jit::fused_program(a + b + transpose(c));
+  const std::vector<Strides> strides{{}, detail::broadcast_strides(b, {2, 3}), detail::broadcast_strides(transpose(c), {2, 3})};
+  const jit::CudaKernel k = jit::cuda_elementwise_kernel(p, {2, 3}, strides);
+  CHECK(k.definition.find("const long long c1 = rest % 3LL; rest /= 3LL;") != std::string::npos);
+  CHECK(k.definition.find("const long long c0 = rest;") != std::string::npos);
+  CHECK(k.definition.find("const T r0 = in0[i];") != std::string::npos);
+  CHECK(k.definition.find("const T r1 = in1[c1 * 1LL];") != std::string::npos);
+  CHECK(k.definition.find("const T r2 = in2[c0 * 1LL + c1 * 2LL];") != std::string::npos);
+  CHECK(k.name != jit::cuda_elementwise_kernel(p).name);
+  TempDir dir;
+  jit::KernelCache cache(dir.path, 1 << 20);
+  CHECK(jit::cuda_ptx(jit::cuda_program({k}), "strided.cu", "compute_90", cache).find(".entry " + k.name) !=
+        std::string::npos);
+  const std::vector<Strides> wrong{{}, {1}, {}};
+  CHECK_THROWS_WITH_AS(jit::cuda_elementwise_kernel(p, {2, 3}, wrong), doctest::Contains("strides for 1 dims"),
+                       ShapeError);
+}
+
 TEST_CASE("cuda: an eager expression becomes one CUDA kernel, from its type") {
   Tensor a = ones({4}), b = ones({4});
   const auto p = jit::fused_program(relu(a * b + 2));

@@ -39,6 +39,14 @@ struct FakeDriver {
   long calls(const char* call) const { return hook<long (*)(const char*)>("hybra_fake_cuda_calls")(call); }
   std::string last_launch() const { return hook<const char* (*)()>("hybra_fake_cuda_last_launch")(); }
   void fail_next_sync(int error) const { hook<void (*)(int)>("hybra_fake_cuda_fail_next_sync")(error); }
+  template <class F>
+  F cublas_hook(const char* name) const {
+    void* lib = ::dlopen(std::getenv("HYBRA_CUBLAS"), RTLD_NOW | RTLD_NOLOAD);
+    REQUIRE(lib);
+    void* f = ::dlsym(lib, name);
+    REQUIRE(f != nullptr);
+    return reinterpret_cast<F>(f);
+  }
 };
 
 std::vector<float> staged_values(std::size_t n) {
@@ -194,21 +202,90 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
                          doctest::Contains("matmul: int32 products are not done on a GPU"), DTypeError);
   }
 
-  TEST_CASE("cuda fake: the chapter's MLP runs eagerly on a GPU; hybridized, it says it cannot yet") {
+  TEST_CASE("cuda fake: the chapter's MLP on a GPU, eager and hybridized: cuBLASLt epilogues, then one CUDA graph") {
     FakeDriver fake;
-    nn::HybridSequential net;
+    auto lt_matmuls = [&] { return fake.cublas_hook<long (*)()>("hybra_fake_cublas_lt_matmuls")(); };
+    seed(5);
+    nn::HybridSequential net, on_cpu;
     net.add(nn::Dense(256, "relu"), nn::Dense(128, "relu"), nn::Dense(2));
+    on_cpu.add(nn::Dense(256, "relu"), nn::Dense(128, "relu"), nn::Dense(2));
     net.initialize(nn::init::Uniform(), cuda(0));
-    const long launches = fake.calls("cuLaunchKernel");
-    Tensor y = net(random_normal({1, 512}, 0, 1, DType::float32, cuda(0)));
+    on_cpu.initialize(nn::init::Uniform());
+    const Tensor x = random_normal({1, 512}), x2 = random_normal({1, 512});
+    auto close = [](const Tensor& on_gpu, const Tensor& want) {
+      const auto g = on_gpu.to_vector<float>(), c = want.to_vector<float>();
+      REQUIRE(g.size() == c.size());
+      for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(c[i]).epsilon(1e-5));
+    };
+
+    // Eager: each Dense is one cuBLASLt GEMM with the bias in its epilogue, then a relu kernel.
+    on_cpu(x);  // parameters take their shapes at the first call
+    long launches = fake.calls("cuLaunchKernel"), gemms = lt_matmuls();
+    Tensor y = net(x.to(cuda(0)));
     y.wait_to_read();
-    CHECK(y.shape() == Shape{1, 2});
     CHECK(y.device() == cuda(0));
-    CHECK(fake.calls("cuLaunchKernel") == launches + 2);  // the two relus; the products are cuBLAS's
-    for (const auto& p : net.collect_params()) CHECK(p.data().device() == cuda(0));
+    CHECK(lt_matmuls() == gemms + 3);
+    CHECK(fake.calls("cuLaunchKernel") == launches + 2);
+    const auto dict = net.collect_params(), cpu_dict = on_cpu.collect_params();
+    const std::vector<nn::Parameter> params(dict.begin(), dict.end()), cpu_params(cpu_dict.begin(), cpu_dict.end());
+    for (const auto& p : params) CHECK(p.data().device() == cuda(0));
+    for (std::size_t k = 0; k < params.size(); ++k) cpu_params[k].data().copy_to(params[k].data());
+    const Tensor want = on_cpu(x), want2 = on_cpu(x2);
+
+    // Hybridized: the relus go into the GEMMs' epilogues; the first call runs the steps.
     net.hybridize();
-    CHECK_THROWS_WITH_AS(net(random_normal({1, 512}, 0, 1, DType::float32, cuda(0))),
-                         doctest::Contains("a hybridized block runs on the CPU only so far"), DeviceError);
+    launches = fake.calls("cuLaunchKernel");
+    gemms = lt_matmuls();
+    const long captures = fake.calls("cuStreamBeginCapture"), replays = fake.calls("cuGraphLaunch");
+    const Tensor gx = x.to(cuda(0));
+    close(net(gx), want);
+    CHECK(lt_matmuls() == gemms + 3);
+    CHECK(fake.calls("cuLaunchKernel") == launches);  // no relu kernel
+    CHECK(fake.calls("cuStreamBeginCapture") == captures);
+    REQUIRE(net.plan().replays_graph());
+    // The second call records the steps as a graph and replays it; later calls only replay.
+    close(net(gx), want);
+    CHECK(fake.calls("cuStreamBeginCapture") == captures + 1);
+    CHECK(fake.calls("cuGraphLaunch") == replays + 1);
+    gemms = lt_matmuls();
+    close(net(gx), want);
+    CHECK(fake.calls("cuGraphLaunch") == replays + 2);
+    CHECK(lt_matmuls() == gemms);  // replayed, not called again
+    CHECK(net.plan().graphs_recorded() == 1);
+    // Another input tensor: copied into the plan's buffer, recorded once more to read it there.
+    close(net(x2.to(cuda(0))), want2);
+    close(net(x.to(cuda(0))), want);
+    CHECK(net.plan().graphs_recorded() == 2);
+    CHECK(fake.calls("cuStreamBeginCapture") == captures + 2);
+    // Parameters are read where they live: new values reach the next replay.
+    Tensor doubled = cpu_params.back().data() * 2;
+    doubled.copy_to(params.back().data());
+    doubled.copy_to(cpu_params.back().data());
+    close(net(gx), on_cpu(x));
+    CHECK(net.plan().graphs_recorded() == 2);
+  }
+
+  TEST_CASE("cuda fake: a captured graph's elementwise groups are kernels of one program, replayed as a CUDA graph") {
+    FakeDriver fake;
+    auto a = sym::var("a", Shape{2, 3}), b = sym::var("b", Shape{3});  // b broadcasts along a's rows
+    const long loads = fake.calls("cuModuleLoadData");
+    jit::Plan plan(graph::optimize(graph::trace({relu(a * b + 1), exp(a) + b})), cuda(0), false, "two groups");
+    CHECK(fake.calls("cuModuleLoadData") == loads + 1);
+    REQUIRE(plan.replays_graph());
+    Tensor x = ones({2, 3}, DType::float32, cuda(0)), y = ones({3}, DType::float32, cuda(0));
+    const long launched = fake.calls("cuLaunchKernel"), ran = fake.calls("kernels run");
+    for (int call = 0; call < 3; ++call) {
+      auto out = plan({x, y});
+      REQUIRE(out.size() == 2);
+      CHECK(out[1].shape() == Shape{2, 3});
+      CHECK(out[1].device() == cuda(0));
+      waitall();
+    }
+    CHECK(fake.calls("kernels run") == ran + 6);        // two kernels per call
+    CHECK(fake.calls("cuLaunchKernel") == launched + 4);  // the first call's, and the recording's
+    CHECK(plan.graphs_recorded() == 1);
+    CHECK_THROWS_WITH_AS(plan({x, x}), doctest::Contains("input 'b' is (2, 3) float32 but the plan was built for (3,)"),
+                         ShapeError);
   }
 
   TEST_CASE("cuda fake: what does not run on a GPU yet is refused by name") {
@@ -216,10 +293,20 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK_THROWS_WITH_AS(dot(a, a), doctest::Contains("dot: this op has no CUDA kernel yet"), DeviceError);
     CHECK_THROWS_WITH_AS(sum(a), doctest::Contains("operand lives on cuda(0)"), DeviceError);
     CHECK_THROWS_WITH_AS(Tensor(a + a.to(cuda(1))), doctest::Contains("operands live on cuda(0) and cuda(1)"), DeviceError);
-    CHECK_THROWS_WITH_AS(Tensor(a + ones({2}, DType::float32, cuda(0))),
-                         doctest::Contains("every tensor of an expression has the result's shape"), DeviceError);
     CHECK_THROWS_WITH_AS(a.astype(DType::float64), doctest::Contains("converting float32 to float64"), DTypeError);
-    CHECK_THROWS_WITH_AS(transpose(a).contiguous(), doctest::Contains("not contiguous"), DeviceError);
-    CHECK_THROWS_WITH_AS(transpose(a).to(cuda(1)), doctest::Contains("not contiguous"), DeviceError);
+  }
+
+  TEST_CASE("cuda fake: broadcast operands and views are read through their strides by a kernel") {
+    FakeDriver fake;
+    Tensor a = ones({2, 2}, DType::float32, cuda(0));
+    const long launches = fake.calls("cuLaunchKernel");
+    Tensor broadcast = a + ones({2}, DType::float32, cuda(0));
+    Tensor gathered = transpose(a).contiguous();
+    Tensor moved = transpose(a).to(cuda(1));  // gathered on cuda(0), then copied
+    waitall();
+    CHECK(broadcast.shape() == Shape{2, 2});
+    CHECK(gathered.is_contiguous());
+    CHECK(moved.device() == cuda(1));
+    CHECK(fake.calls("cuLaunchKernel") == launches + 3);
   }
 }

@@ -1,7 +1,9 @@
 // On a real GPU: what cuda(0) computes against what the CPU computes, for
 // every elementwise op of the table in every dtype it keeps, a long fused
-// expression, products through cuBLAS, the chapter's MLP (eager), copies
-// between the host and GPUs, and the caching allocator.
+// expression, broadcast operands and views, products through cuBLAS(Lt), the
+// chapter's MLP (eager and hybridized, replayed as a CUDA graph), a captured
+// elementwise graph, copies between the host and GPUs, and the caching
+// allocator.
 // Run by ctest's `gpu_ops` (label `gpu`: hybra_tests --no-skip -ts=gpu);
 // with no GPU it prints "no GPU:" and the reason, which ctest reports as a
 // skip (scripts/gpu.sh fails on a skip).
@@ -93,7 +95,7 @@ TEST_SUITE("gpu" * doctest::skip()) {
     for (int g = 1; g < gpus; ++g) CHECK(ga.to(cuda(g)).to_vector<float>() == a.to_vector<float>());
   }
 
-  TEST_CASE("gpu: products through cuBLAS and the chapter's MLP, eager, against the CPU") {
+  TEST_CASE("gpu: products through cuBLAS(Lt) and the chapter's MLP, eager and hybridized, against the CPU") {
     if (!gpu_present()) return;
     auto close = [](const Tensor& on_gpu, const Tensor& on_cpu, double tolerance) {
       const auto g = on_gpu.to_vector<double>(), c = on_cpu.to_vector<double>();
@@ -122,7 +124,40 @@ TEST_SUITE("gpu" * doctest::skip()) {
     seed(21);  // the weights are drawn at the first call, on the host, for either device
     Tensor want = on_cpu(input);
     seed(21);
-    close(on_gpu(input.to(cuda(0))), want, 1e-4);
+    const Tensor gpu_input = input.to(cuda(0));
+    close(on_gpu(gpu_input), want, 1e-4);
+    // Hybridized: cuBLASLt's bias + ReLU epilogues, then CUDA graph replays,
+    // also after the input changes (copied into the plan's buffer).
+    on_gpu.hybridize();
+    for (int call = 0; call < 3; ++call) close(on_gpu(gpu_input), want, 1e-4);
+    CHECK(on_gpu.plan().graphs_recorded() == 1);
+    Tensor other = random_normal({4, 512}, 0, 1);
+    close(on_gpu(other.to(cuda(0))), on_cpu(other), 1e-4);
+    close(on_gpu(gpu_input), want, 1e-4);
+    CHECK(on_gpu.plan().graphs_recorded() == 2);
+  }
+
+  TEST_CASE("gpu: broadcast operands, views and a hybridized elementwise graph against the CPU") {
+    if (!gpu_present()) return;
+    seed(4);
+    Tensor a = random_uniform({5, 7}, -1, 1), b = random_uniform({7}, -1, 1), c = random_uniform({7, 5}, -1, 1);
+    Tensor ga = a.to(cuda(0)), gb = b.to(cuda(0)), gc = c.to(cuda(0));
+    auto close = [](const Tensor& on_gpu, const Tensor& on_cpu) {
+      const auto x = on_gpu.to_vector<float>(), y = on_cpu.to_vector<float>();
+      REQUIRE(x.size() == y.size());
+      for (std::size_t i = 0; i < x.size(); ++i) CHECK(x[i] == doctest::Approx(y[i]).epsilon(1e-5));
+    };
+    close(relu(ga * gb + transpose(gc)) - 0.5f, relu(a * b + transpose(c)) - 0.5f);
+    CHECK(transpose(gc).contiguous().to_vector<float>() == transpose(c).contiguous().to_vector<float>());
+    auto A = sym::var("a", Shape{5, 7}), B = sym::var("b", Shape{7});
+    const auto g = graph::optimize(graph::trace({tanh(A * B + 1), exp(A) - B}));
+    jit::Plan on_gpu(g, cuda(0), false, "gpu plan"), on_cpu(g, cpu(), false, "cpu plan");
+    const auto want = on_cpu({a, b});
+    for (int call = 0; call < 3; ++call) {
+      const auto outputs = on_gpu({ga, gb});
+      for (std::size_t k = 0; k < outputs.size(); ++k) close(outputs[k], want[k]);
+    }
+    CHECK(on_gpu.graphs_recorded() == 1);
   }
 
   TEST_CASE("gpu: freed memory is reused, and running out is an OutOfMemory naming the GPU") {

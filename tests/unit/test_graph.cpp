@@ -21,7 +21,7 @@ std::size_t count_op(const graph::Graph& g, std::string_view op) {
 
 // Runs g's CPU plan, each var bound by name.
 std::vector<Tensor> planned(const graph::Graph& g, const std::unordered_map<std::string, Tensor>& inputs) {
-  jit::CpuPlan plan(g, cpu(), false, "test plan");
+  jit::Plan plan(g, cpu(), false, "test plan");
   std::vector<Tensor> in;
   for (int v : g.vars()) in.push_back(inputs.at(g.nodes[static_cast<std::size_t>(v)].name));
   return plan(in);
@@ -230,7 +230,7 @@ TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's 
     h = relu(fully_connected(h, sym::constant(w)));
   }
   auto g = graph::optimize(graph::trace({h}));
-  jit::CpuPlan plan(g, cpu(), false, "deep chain");
+  jit::Plan plan(g, cpu(), false, "deep chain");
   const std::size_t one = 16 * 64 * sizeof(float);
   CHECK(plan.unplanned_bytes() == 5 * one);  // five intermediate values, the sixth is the output
   CHECK(plan.peak_bytes() == 2 * one);       // two alternating buffers suffice
@@ -239,7 +239,7 @@ TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's 
   // A fused step writes in place of an input it reads for the last time.
   auto y = sym::var("y", Shape{1024});
   Symbol a = exp(y), d = log(softmax(a)) * a;
-  jit::CpuPlan chain(graph::optimize(graph::trace({sum(d)})), cpu(), false, "chain");
+  jit::Plan chain(graph::optimize(graph::trace({sum(d)})), cpu(), false, "chain");
   CHECK(chain.unplanned_bytes() == 2 * 1024 * sizeof(float));
   CHECK(chain.peak_bytes() == 1024 * sizeof(float));
   Tensor yv = random_normal({1024});
@@ -247,7 +247,7 @@ TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's 
 }
 
 TEST_CASE("a plan is a brief engine op when it touches at most 1 MiB and does at most 2^20 multiply-adds") {
-  auto plan_of = [](const Symbol& s) { return jit::CpuPlan(graph::optimize(graph::trace({s})), cpu(), false, "p"); };
+  auto plan_of = [](const Symbol& s) { return jit::Plan(graph::optimize(graph::trace({s})), cpu(), false, "p"); };
   auto x = sym::var("x", Shape{1, 512});
   auto mlp = fully_connected(relu(fully_connected(x, sym::constant(random_normal({256, 512})))),
                              sym::constant(random_normal({2, 256})));
@@ -265,7 +265,7 @@ TEST_CASE("a plan is a brief engine op when it touches at most 1 MiB and does at
 
 TEST_CASE("a plan checks its inputs and is one engine op whose result is a future") {
   auto x = sym::var("x", Shape{2, 2});
-  jit::CpuPlan plan(graph::optimize(graph::trace({x * 2})), cpu(), false, "double");
+  jit::Plan plan(graph::optimize(graph::trace({x * 2})), cpu(), false, "double");
   CHECK_THROWS_WITH_AS(plan({ones({3, 2})}),
                        "double: input 'x' is (3, 2) float32 but the plan was built for (2, 2) float32",
                        ShapeError);

@@ -159,7 +159,7 @@ class Tensor {
 
   // A contiguous tensor over part of an existing storage, starting
   // byte_offset bytes in (a multiple of the dtype's size): how a planned
-  // graph places its intermediate values in one workspace (jit/cpu_plan.hpp).
+  // graph places its intermediate values in one workspace (jit/plan.hpp).
   static Tensor from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype,
                              std::size_t byte_offset) {
     const auto n = static_cast<std::size_t>(checked_numel(shape, "from_storage"));

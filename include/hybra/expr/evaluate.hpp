@@ -208,6 +208,14 @@ inline void copy_with_gpu(const Tensor& src, const Tensor& dst) {
     copy_with_gpu(src, staged);
     return copy_into(staged, dst);
   }
+  if (src.device().kind == DeviceKind::cuda && !src.is_contiguous() && src.dtype() == dst.dtype()) {
+    // A view on a GPU is gathered there by a kernel that reads it through its strides.
+    if (src.device() == dst.device() && dst.is_contiguous())
+      return push_fused_cuda(yap::make_terminal<expression>(src), leaf_list{&src}, dst);
+    Tensor gathered(src.shape(), src.dtype(), src.device());
+    copy_with_gpu(src, gathered);
+    return copy_with_gpu(gathered, dst);
+  }
   if (src.dtype() != dst.dtype())
     fail<DTypeError>("copy from ", src.device(), " to ", dst.device(), ": converting ", name(src.dtype()), " to ",
                      name(dst.dtype()), " is not done on a GPU yet; convert with astype on the CPU");

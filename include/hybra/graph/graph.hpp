@@ -1,7 +1,7 @@
 #pragma once
 // The graph IR: the nodes reachable from some output symbols, numbered in
 // topological order. Passes (passes.hpp) rewrite it, the CPU planner
-// (jit/cpu_plan.hpp) compiles it, and run() interprets it node by node with
+// (jit/plan.hpp) compiles it, and run() interprets it node by node with
 // the eager ops: the reference every optimised form is tested against.
 #include <algorithm>
 #include <functional>

@@ -1,6 +1,7 @@
 #pragma once
 // An eager expression on a GPU, as ONE kernel: at the first evaluation of an
-// expression type in a dtype on a GPU architecture, its fused program (from
+// expression type in a dtype on a GPU (and in a layout, for broadcast
+// operands and views), its fused program (from
 // the type alone: jit::fused_program) becomes CUDA source, NVRTC compiles it
 // (through the kernel cache: memory, then disk), and the PTX is loaded into
 // the GPU; each evaluation is then one launch on the GPU's stream. A compile
@@ -8,6 +9,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
+#include <vector>
 #include <utility>
 
 #include "../backend/cuda/gpu.hpp"
@@ -23,30 +26,41 @@ void detail::push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& 
   if (!out.is_contiguous())
     fail<DeviceError>(name, " on ", out.device(), ": the destination is a view of shape ", to_string(out.shape()),
                       " that is not contiguous; on a GPU an expression writes a contiguous tensor (so far)");
+  // Operands of the result's shape that are contiguous are read at the
+  // element's index by one kernel per dtype; a broadcast operand or a view
+  // gets a kernel of its own layout (its strides are constants of the code).
+  std::vector<Strides> strides;
+  std::string layout;
   for (const Tensor* t : leaves)
-    if (t->shape() != out.shape() || !t->is_contiguous())
-      fail<DeviceError>(name, " on ", out.device(), ": an operand of shape ", to_string(t->shape()),
-                        t->is_contiguous() ? "" : " (a view that is not contiguous)", " for a result of shape ",
-                        to_string(out.shape()),
-                        "; on a GPU every tensor of an expression has the result's shape and is contiguous "
-                        "(broadcasting and views run on the CPU only, so far)");
+    if (t->shape() != out.shape() || !t->is_contiguous()) {
+      strides.assign(leaves.size(), {});
+      for (std::size_t k = 0; k < leaves.size(); ++k) {
+        const Tensor& leaf = *leaves[k];
+        if (leaf.shape() == out.shape() && leaf.is_contiguous()) continue;
+        strides[k] = broadcast_strides(leaf, out.shape());
+        layout += std::to_string(k) + ':' + to_string(strides[k]) + ' ';
+      }
+      layout += to_string(out.shape());
+      break;
+    }
   backend::cuda::Gpu& gpu = backend::cuda::gpu(out.device().id);
 
   struct Compiled {
     std::string ptx, kernel;
   };
   static std::mutex& mutex = *new std::mutex;
-  static auto& compiled = *new std::map<std::pair<DType, int>, Compiled>;  // by dtype and GPU
+  // By dtype, GPU and layout (empty for the contiguous kernel).
+  static auto& compiled = *new std::map<std::tuple<DType, int, std::string>, Compiled>;
   const Compiled* kernel;
   {
     std::lock_guard g(mutex);
-    const auto key = std::make_pair(out.dtype(), out.device().id);
+    auto key = std::make_tuple(out.dtype(), out.device().id, std::move(layout));
     auto it = compiled.find(key);
     if (it == compiled.end()) {
       // GPUs of one architecture share the compile through the kernel cache.
-      jit::CudaKernel k = jit::cuda_elementwise_kernel(jit::fused_program(e));
+      jit::CudaKernel k = jit::cuda_elementwise_kernel(jit::fused_program(e), out.shape(), strides);
       std::string ptx = jit::cuda_ptx(jit::cuda_program({k}), k.name + ".cu", gpu.arch());
-      it = compiled.emplace(key, Compiled{std::move(ptx), std::move(k.name)}).first;
+      it = compiled.emplace(std::move(key), Compiled{std::move(ptx), std::move(k.name)}).first;
     }
     kernel = &it->second;  // std::map entries stay where they are
   }

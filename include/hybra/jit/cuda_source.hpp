@@ -8,8 +8,10 @@
 //
 // The kernel's name is a hash of its body: the same program always gets the
 // same source, and so one compile for the kernel cache (kernel_cache.hpp).
+#include <algorithm>
 #include <array>
 #include <cstdio>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -66,13 +68,40 @@ struct CudaKernel {
   std::string definition;  // the __global__ function; cuda_program() makes sources of definitions
 };
 
-// Parameters: the inputs (const T*, contiguous, one per input register), the
-// output (T*), and the element count (long long).
-inline CudaKernel cuda_elementwise_kernel(const backend::cpu::FusedProgram& p) {
+// Parameters: the inputs (const T*, one per input register), the output
+// (T*, contiguous), and the element count (long long). Without `strides`
+// every input is contiguous in the result's shape and is read at the
+// element's own index. strides[k], when not empty, are input k's strides
+// over the result's `shape` (0 on the axes it is broadcast along: expr's
+// broadcast_strides): a broadcast operand or a view, read at the offset the
+// element's coordinates give. Shapes and strides are constants of the code,
+// so such a kernel serves one layout.
+inline CudaKernel cuda_elementwise_kernel(const backend::cpu::FusedProgram& p, const Shape& shape = {},
+                                          std::span<const Strides> strides = {}) {
   const std::string T(cuda_type(p.dtype));
   auto reg = [](int r) { return "r" + std::to_string(r); };
   std::string body;
-  for (int k = 0; k < p.inputs; ++k) body += "    const T " + reg(k) + " = in" + std::to_string(k) + "[i];\n";
+  const bool strided = std::any_of(strides.begin(), strides.end(), [](const Strides& st) { return !st.empty(); });
+  if (strided) {
+    body += "    long long rest = i;\n";
+    for (std::size_t d = shape.size(); d-- > 0;)
+      body += d ? "    const long long c" + std::to_string(d) + " = rest % " + std::to_string(shape[d]) + "LL; rest /= " +
+                      std::to_string(shape[d]) + "LL;\n"
+                : "    const long long c0 = rest;\n";
+  }
+  for (int k = 0; k < p.inputs; ++k) {
+    std::string index = "i";
+    if (static_cast<std::size_t>(k) < strides.size() && !strides[static_cast<std::size_t>(k)].empty()) {
+      const Strides& st = strides[static_cast<std::size_t>(k)];
+      if (st.size() != shape.size())
+        fail<ShapeError>("cuda: input ", k, " has strides for ", st.size(), " dims over a result of ", shape.size());
+      index.clear();
+      for (std::size_t d = 0; d < st.size(); ++d)
+        if (st[d] != 0) index += (index.empty() ? "" : " + ") + ("c" + std::to_string(d) + " * " + std::to_string(st[d]) + "LL");
+      if (index.empty()) index = "0";
+    }
+    body += "    const T " + reg(k) + " = in" + std::to_string(k) + "[" + index + "];\n";
+  }
   for (const auto& c : p.constants) body += "    const T " + reg(c.reg) + " = T(" + detail::cuda_literal(c, p.dtype) + ");\n";
   const auto& ops = detail::elementwise_op_table();
   for (const auto& ins : p.code) {

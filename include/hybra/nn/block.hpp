@@ -3,7 +3,7 @@
 // forward is written once, as a template over its argument type F (Tensor
 // or Symbol), and after hybridize() a call captures it once per input
 // signature (shape, dtype, device, training mode), optimises the graph
-// (graph/passes.hpp) and runs the compiled plan (jit/cpu_plan.hpp) from
+// (graph/passes.hpp) and runs the compiled plan (jit/plan.hpp) from
 // then on, without calling the forward again.
 //
 //   class Net : public nn::HybridBlock<Net> {
@@ -32,7 +32,7 @@
 #include "../graph/passes.hpp"
 #include "../io/mxnet_graph.hpp"
 #include "../io/ndarray_list.hpp"
-#include "../jit/cpu_plan.hpp"
+#include "../jit/plan.hpp"
 #include "parameter.hpp"
 
 namespace hybra::nn {
@@ -268,7 +268,7 @@ class HybridBase : public Block {
 
   // The plan of the last call's signature (to print its graph or read its
   // memory figures); a ValueError before the first hybridized call.
-  const jit::CpuPlan& plan() const { return last_captured("plan").plan; }
+  const jit::Plan& plan() const { return last_captured("plan").plan; }
   // How many signatures have been captured.
   std::size_t captured() const { return cache_.size(); }
 
@@ -321,7 +321,7 @@ class HybridBase : public Block {
       last_ = it->second.get();
     }
     // Pointers: a call that copied each parameter's handle would change its
-    // reference count, a cache line the engine's worker reads (cpu_plan.hpp).
+    // reference count, a cache line the engine's worker reads (plan.hpp).
     boost::container::small_vector<const Tensor*, 16> values(last_->sources.size());
     for (std::size_t k = 0; k < values.size(); ++k)
       values[k] = last_->sources[k].parameter ? &last_->sources[k].parameter->data(in.front().device())
@@ -353,7 +353,7 @@ class HybridBase : public Block {
   // backward, compiled (autograd::training_graphs); one per set of vars that
   // need gradients.
   struct Training {
-    jit::CpuPlan forward, backward;
+    jit::Plan forward, backward;
     std::size_t outputs;
     // Per var of the backward plan: a forward var (k), a saved value
     // (saved_base + k) or an output's gradient (head_base + k).
@@ -369,7 +369,7 @@ class HybridBase : public Block {
     graph::Graph graph;
     std::size_t outputs;
     std::vector<std::pair<Parameter, double>> updates;  // target and momentum, per extra output
-    jit::CpuPlan plan;
+    jit::Plan plan;
     std::vector<Source> sources;  // per graph var
     std::map<std::vector<bool>, std::shared_ptr<const Training>> training_plans;
 
@@ -435,7 +435,7 @@ class HybridBase : public Block {
       shapes.push_back(t.shape());
       dtypes.push_back(t.dtype());
     }
-    jit::CpuPlan plan(graph::optimize(g), in.front().device(), training, "hybridized " + name());
+    jit::Plan plan(graph::optimize(g), in.front().device(), training, "hybridized " + name());
     return std::make_unique<Captured>(Captured{std::move(shapes), std::move(dtypes), in.front().device(), training,
                                                std::move(g), outputs, std::move(targets), std::move(plan),
                                                std::move(sources)});
@@ -445,8 +445,8 @@ class HybridBase : public Block {
     auto& slot = c.training_plans[wanted];
     if (slot) return slot;
     autograd::TrainingGraphs graphs = autograd::training_graphs(c.graph, wanted, c.outputs);
-    jit::CpuPlan forward(graph::optimize(graphs.forward), c.device, c.training, "hybridized " + name() + " (recording)");
-    jit::CpuPlan backward(graph::optimize(graphs.backward), c.device, c.training, "backward of hybridized " + name());
+    jit::Plan forward(graph::optimize(graphs.forward), c.device, c.training, "hybridized " + name() + " (recording)");
+    jit::Plan backward(graph::optimize(graphs.backward), c.device, c.training, "backward of hybridized " + name());
     const std::size_t vars = c.sources.size(), outputs = c.graph.outputs.size();  // with the state updates
     std::vector<std::size_t> binding;
     for (int v : backward.graph().vars()) {

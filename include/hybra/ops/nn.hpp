@@ -6,6 +6,7 @@
 
 #include "../autograd/mode.hpp"
 #include "../backend/cpu/gemv.hpp"
+#include "../backend/cuda/cublaslt.hpp"
 #include "../core/creation.hpp"
 #include "layout.hpp"
 #include "linalg.hpp"
@@ -73,23 +74,18 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
   Tensor b = bias.defined() ? detail::linalg::to_dtype(bias, dtype).contiguous() : Tensor{};
   Tensor out({x.shape()[0], w.shape()[0]}, dtype, x.device());
   if (out.device().kind == DeviceKind::cuda) {
-    // Two cuBLAS GEMMs: the bias into every row (ones (M x 1) times b (1 x N)),
-    // then x w^T added on top.
+    // One cuBLASLt GEMM, its epilogue adding the bias.
     const std::int64_t M = x.shape()[0], K = x.shape()[1], N = w.shape()[0];
-    const Tensor rows = b.defined() ? ones({M}, dtype, out.device()) : Tensor{};
-    push_op_on(out.device(), "fully_connected", {x, w, b.defined() ? b : w, b.defined() ? rows : w}, {out},
-               [x, w, b, rows, out, M, K, N] {
-                 backend::cuda::Gpu& gpu = backend::cuda::gpu(out.device().id);
-                 dispatch(out.dtype(), [&](auto tag) {
-                   using T = typename decltype(tag)::type;
-                   if constexpr (std::is_floating_point_v<T>) {
-                     auto at = [](const Tensor& t) { return static_cast<T*>(t.raw_data()); };
-                     if (b.defined()) backend::cuda::gemm<T>(gpu, false, false, M, N, 1, T(1), at(rows), 1, at(b), N, T(0), at(out), N);
-                     backend::cuda::gemm<T>(gpu, false, true, M, N, K, T(1), at(x), K, at(w), K, T(b.defined() ? 1 : 0),
-                                            at(out), N);
-                   }
-                 });
-               });
+    if (K == 0)
+      fail<ShapeError>("fully_connected: input of shape ", to_string(x.shape()), " has no features; on ", out.device(),
+                       " a product needs at least one");
+    if (M == 0 || N == 0) return rec.output(out);
+    push_op_on(out.device(), "fully_connected", {x, w, b.defined() ? b : w}, {out}, [x, w, b, out, M, K, N] {
+      backend::cuda::Gpu& gpu = backend::cuda::gpu(out.device().id);
+      using backend::cuda::Epilogue;
+      backend::cuda::dense_matmul(gpu, out.dtype(), M, N, K, b.defined() ? Epilogue::bias : Epilogue::none)
+          .run(x.raw_data(), w.raw_data(), b.defined() ? b.raw_data() : nullptr, out.raw_data());
+    });
     return rec.output(out);
   }
   push_op("fully_connected", {x, w, b.defined() ? b : w}, {out}, [x, w, b, out] {

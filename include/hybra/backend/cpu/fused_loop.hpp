@@ -1,6 +1,6 @@
 #pragma once
 // Elementwise op-table ops chosen at run time, fused into one loop: what a
-// captured graph's fused groups compile to (jit/cpu_plan.hpp), and how the
+// captured graph's fused groups compile to (jit/plan.hpp), and how the
 // graph evaluates a lone elementwise node (graph/registry.hpp).
 //
 // The ops are known only at run time, so the loop cannot be a C++
@@ -89,6 +89,8 @@ class FusedLoop {
     plan_ = std::make_shared<hybra::detail::strided_plan>(leaves, out);
     size_ = out.size();
   }
+
+  const FusedProgram& program() const { return p_; }
 
   // Runs over contiguous `out`; in[k] points at input k's element 0.
   void run(const void* const* in, void* out) const {

@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -26,27 +27,58 @@ struct cublasContext;
 using cublasHandle_t = handle::cublasContext*;
 using cublasStatus_t = int;
 
-class Cublas {
+// A library of the cuBLAS family, loaded at run time: the file $<env>
+// names, else the first of its usual names that loads; its status codes
+// become exceptions naming the library and the call (OutOfMemory for
+// CUBLAS_STATUS_ALLOC_FAILED).
+class BlasLibrary {
  public:
-  Cublas() : library_(open()) {
+  bool loaded() const { return library_.loaded(); }
+  const std::string& problem() const { return library_.error(); }
+
+  void check(int s, std::string_view call) const {
+    if (s == 0) return;
+    const char *name = status_name_(s), *text = status_string_(s);
+    const auto message = hybra::detail::concat(what_, ": ", call, " failed: ", name ? name : "", " (", s, "): ", text ? text : "");
+    if (s == 3) fail<OutOfMemory>(message);  // CUBLAS_STATUS_ALLOC_FAILED
+    fail<DeviceError>(message);
+  }
+
+ protected:
+  BlasLibrary(std::string_view what, const char* env, std::initializer_list<const char*> names, const char* status_name,
+              const char* status_string)
+      : what_(what), library_(open(env, names)) {
     if (!library_.loaded()) return;
+    load(status_name_, status_name);
+    load(status_string_, status_string);
+  }
+  template <class F>
+  void load(F& f, const char* symbol) {
+    f = library_.function<F>(symbol);
+  }
+
+ private:
+  static SharedLibrary open(const char* env, std::initializer_list<const char*> names) {
+    if (const char* file = std::getenv(env); file && *file) return SharedLibrary({file});
+    return SharedLibrary(names);
+  }
+
+  std::string_view what_;
+  SharedLibrary library_;
+  const char* (*status_name_)(int) = nullptr;
+  const char* (*status_string_)(int) = nullptr;
+};
+
+class Cublas : public BlasLibrary {
+ public:
+  Cublas()
+      : BlasLibrary("cuBLAS", "HYBRA_CUBLAS", {"libcublas.so.13", "libcublas.so.12", "/usr/local/cuda/lib64/libcublas.so"},
+                    "cublasGetStatusName", "cublasGetStatusString") {
+    if (!loaded()) return;
     load(create, "cublasCreate_v2");
     load(set_stream, "cublasSetStream_v2");
     load(sgemm, "cublasSgemm_v2");
     load(dgemm, "cublasDgemm_v2");
-    load(status_name, "cublasGetStatusName");
-    load(status_string, "cublasGetStatusString");
-  }
-
-  bool loaded() const { return library_.loaded(); }
-  const std::string& problem() const { return library_.error(); }
-
-  void check(cublasStatus_t s, std::string_view call) const {
-    if (s == 0) return;
-    const char *name = status_name(s), *text = status_string(s);
-    if (s == 3)  // CUBLAS_STATUS_ALLOC_FAILED
-      fail<OutOfMemory>("cuBLAS: ", call, " failed: ", name ? name : "", " (", s, "): ", text ? text : "");
-    fail<DeviceError>("cuBLAS: ", call, " failed: ", name ? name : "", " (", s, "): ", text ? text : "");
   }
 
   cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
@@ -55,20 +87,6 @@ class Cublas {
                           const float*, float*, int) = nullptr;
   cublasStatus_t (*dgemm)(cublasHandle_t, int, int, int, int, int, const double*, const double*, int, const double*,
                           int, const double*, double*, int) = nullptr;
-  const char* (*status_name)(cublasStatus_t) = nullptr;
-  const char* (*status_string)(cublasStatus_t) = nullptr;
-
- private:
-  static SharedLibrary open() {
-    if (const char* file = std::getenv("HYBRA_CUBLAS"); file && *file) return SharedLibrary({file});
-    return SharedLibrary({"libcublas.so.13", "libcublas.so.12", "/usr/local/cuda/lib64/libcublas.so"});
-  }
-  template <class F>
-  void load(F& f, const char* symbol) {
-    f = library_.function<F>(symbol);
-  }
-
-  SharedLibrary library_;
 };
 
 // Never destroyed, like the driver (driver.hpp).

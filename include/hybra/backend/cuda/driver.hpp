@@ -25,6 +25,8 @@ struct CUstream_st;
 struct CUevent_st;
 struct CUmod_st;
 struct CUfunc_st;
+struct CUgraph_st;
+struct CUgraphExec_st;
 }  // namespace handle
 using CUresult = int;
 using CUdevice = int;
@@ -34,12 +36,15 @@ using CUstream = handle::CUstream_st*;
 using CUevent = handle::CUevent_st*;
 using CUmodule = handle::CUmod_st*;
 using CUfunction = handle::CUfunc_st*;
+using CUgraph = handle::CUgraph_st*;
+using CUgraphExec = handle::CUgraphExec_st*;
 
 // The values of cuda.h's enums that hybra uses.
 namespace constant {
 inline constexpr CUresult success = 0, out_of_memory = 2;
 inline constexpr int attribute_multiprocessors = 16, attribute_major = 75, attribute_minor = 76;
 inline constexpr unsigned stream_non_blocking = 1, event_disable_timing = 2;
+inline constexpr int capture_mode_thread_local = 1;
 }  // namespace constant
 
 class Driver {
@@ -80,6 +85,12 @@ class Driver {
     load(cuModuleLoadData, "cuModuleLoadData");
     load(cuModuleGetFunction, "cuModuleGetFunction");
     load(cuLaunchKernel, "cuLaunchKernel");
+    load(cuStreamBeginCapture, "cuStreamBeginCapture_v2");
+    load(cuStreamEndCapture, "cuStreamEndCapture");
+    load(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags");
+    load(cuGraphLaunch, "cuGraphLaunch");
+    load(cuGraphExecDestroy, "cuGraphExecDestroy");
+    load(cuGraphDestroy, "cuGraphDestroy");
   }
 
   const std::string& file() const { return library_.name(); }
@@ -134,6 +145,12 @@ class Driver {
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void**, void**) = nullptr;
+  CUresult (*cuStreamBeginCapture)(CUstream, int) = nullptr;
+  CUresult (*cuStreamEndCapture)(CUstream, CUgraph*) = nullptr;
+  CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long) = nullptr;
+  CUresult (*cuGraphLaunch)(CUgraphExec, CUstream) = nullptr;
+  CUresult (*cuGraphExecDestroy)(CUgraphExec) = nullptr;
+  CUresult (*cuGraphDestroy)(CUgraph) = nullptr;
 
  private:
   template <class F>

@@ -54,14 +54,19 @@ class Gpu {
   // Makes this GPU's context the calling thread's.
   void bind() const { cu_.check(cu_.cuCtxSetCurrent(context_), "cuCtxSetCurrent"); }
 
-  // Kernel `name` of a PTX program, loaded into this GPU once. Kernel names
-  // are unique to their code (jit/cuda_source.hpp names them by a hash).
+  // Kernel `name` of a PTX program; each program is loaded into this GPU
+  // once. Kernel names are unique to their code (jit/cuda_source.hpp names
+  // them by a hash).
   CUfunction function(const std::string& ptx, const std::string& name) {
     std::lock_guard g(modules_mutex_);
     if (auto it = functions_.find(name); it != functions_.end()) return it->second;
-    bind();
-    CUmodule module = nullptr;
-    cu_.check(cu_.cuModuleLoadData(&module, ptx.c_str()), "cuModuleLoadData (loading " + name + "'s PTX)");
+    CUmodule& module = modules_[ptx];
+    if (!module) {
+      bind();
+      const CUresult loaded = cu_.cuModuleLoadData(&module, ptx.c_str());
+      if (loaded != constant::success) modules_.erase(ptx);
+      cu_.check(loaded, "cuModuleLoadData (loading " + name + "'s PTX)");
+    }
     CUfunction f = nullptr;
     cu_.check(cu_.cuModuleGetFunction(&f, module, name.c_str()), "cuModuleGetFunction(" + name + ")");
     functions_.emplace(name, f);
@@ -182,6 +187,7 @@ class Gpu {
   CUstream stream_ = nullptr;
   std::unique_ptr<CachingAllocator> memory_;
   std::mutex modules_mutex_;
+  std::unordered_map<std::string, CUmodule> modules_;  // by PTX
   std::unordered_map<std::string, CUfunction> functions_;
   std::mutex staging_mutex_;
   std::array<Staging, 2> staging_{};

@@ -1,9 +1,15 @@
 #pragma once
-// An optimised graph compiled for one CPU device and one input signature:
-// a list of steps (fused loops, matrix products with their epilogues, and
-// the eager op for anything else) over buffers planned ahead of time. A call
-// is ONE engine op: it reads the inputs and parameters, writes fresh output
-// tensors and the plan's workspace (which also orders calls of one plan).
+// An optimised graph compiled for one device and one input signature: a list
+// of steps (fused loops, matrix products with their epilogues, and the eager
+// op for anything else) over buffers planned ahead of time. A call is ONE
+// engine op: it reads the inputs and parameters, writes fresh output tensors
+// and the plan's workspace (which also orders calls of one plan).
+//
+// On a GPU the fused loops are kernels generated from the same programs (one
+// NVRTC compile for the plan), fully_connected is one cuBLASLt GEMM whose
+// epilogue adds the bias and, when the graph applies one next, the ReLU; and
+// from the second call on, a plan whose steps are all kernels and GEMMs
+// replays them as one CUDA graph (cuda_plan_graphs below).
 //
 // Memory planning: every intermediate value a step writes gets a slice of one
 // preallocated workspace; values whose lifetimes do not overlap share a
@@ -11,27 +17,29 @@
 // over an input it reads for the last time. peak_bytes() is the workspace's
 // size, unplanned_bytes() what the same values would take with a buffer each.
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../autograd/mode.hpp"
 #include "../engine/push.hpp"
 #include "../graph/passes.hpp"
 #include "../backend/cpu/fused_loop.hpp"
+#include "../backend/cuda/cublaslt.hpp"
+#include "../backend/cuda/graph.hpp"
+#include "cuda_source.hpp"
 
 namespace hybra::jit {
 
-class CpuPlan {
+class Plan {
  public:
-  CpuPlan(graph::Graph g, Device device, bool training, std::string name)
+  Plan(graph::Graph g, Device device, bool training, std::string name)
       : state_(std::make_shared<State>()) {
-    if (device.kind == DeviceKind::cuda)
-      fail<DeviceError>(name, ": a hybridized block runs on the CPU only so far (captured graphs on a GPU are not "
-                        "built yet, docs/cuda.md); call it without hybridize() on ", device);
     auto& s = *state_;
     s.graph = std::move(g);
     s.vars = s.graph.vars();
@@ -85,9 +93,15 @@ class CpuPlan {
     boost::container::small_vector<const Tensor*, 4> writes;
     for (const auto& t : call.outputs) writes.push_back(&t);
     writes.push_back(&s.workspace);
-    push_op(s.name, *call.inputs, writes, std::move(call), s.length);
+    push_op_on(s.device, s.name, *call.inputs, writes, std::move(call), s.length);
     return outputs;
   }
+
+  // Whether calls replay a CUDA graph (after the first), and how many graphs
+  // were recorded so far: one, plus one more when an input's tensor changed
+  // between calls and is copied in from then on.
+  bool replays_graph() const { return state_->replayable; }
+  int graphs_recorded() const { return state_->replay.recorded; }
 
  private:
   enum class Kind { input, constant, fused, product, eager };
@@ -97,6 +111,23 @@ class CpuPlan {
     std::unique_ptr<backend::cpu::FusedLoop> loop;  // fused: the loop; product and eager: the epilogue, if any
     std::vector<int> loop_inputs;     // the nodes the loop reads, in order (-1: this node's own result)
     std::optional<hybra::detail::nn::Conv2dGeometry> conv;  // a conv2d product: its sizes
+    bool view = false;                // an eager step whose value is a view of an input (no work)
+    // On a GPU: the loop's kernel (its name until the plan's program is
+    // loaded), and a product's GEMM, whose epilogue may have taken the loop's.
+    std::string kernel_name;
+    backend::cuda::CUfunction kernel = nullptr;
+    const backend::cuda::DenseMatmul* matmul = nullptr;
+  };
+  // A GPU plan's CUDA graph and what it reads. Inputs are read where the
+  // recording found them (a block's parameters, say); an input whose tensor
+  // changes between calls gets a buffer of the plan's, copied into before
+  // each replay, and the graph is recorded again once to read it there.
+  struct Replay {
+    backend::cuda::StreamGraph graph;
+    std::vector<Tensor> read;    // per input: the tensor the graph reads (kept alive with it)
+    std::vector<bool> staged;    // per input: read is the plan's buffer, copied into per call
+    bool warm = false;           // a first call ran the steps directly (kernels loaded, GEMMs chosen)
+    int recorded = 0;
   };
   using Outputs = boost::container::small_vector<Tensor, 1>;
   struct State {
@@ -118,7 +149,12 @@ class CpuPlan {
     // shared with the calling thread).
     mutable std::vector<const Tensor*> values;
     mutable std::vector<Tensor> made;
+    bool replayable = false;  // on a GPU: every step is a kernel, a GEMM or a view
+    mutable Replay replay;
     void execute(const std::vector<Tensor>& inputs, const Outputs& outputs, Generator draws) const;
+    void run_steps(const std::vector<Tensor>& inputs, const Outputs& outputs) const;
+    void write_outputs(const Outputs& outputs) const;
+    void replay_on_gpu(const std::vector<Tensor>& inputs, const Outputs& outputs) const;
   };
 
   // The latest call's inputs (contiguous), shared with its op. A call given
@@ -156,10 +192,11 @@ class CpuPlan {
     void operator()() const { state->execute(*inputs, outputs, draws); }
   };
   static_assert(sizeof(Call) <= engine::detail::Task::inline_size,
-                "CpuPlan::Call must fit in an engine op record: a heap closure is allocated by the calling thread and "
+                "Plan::Call must fit in an engine op record: a heap closure is allocated by the calling thread and "
                 "freed by the worker, per call");
 
   void build();
+  void build_gpu(const std::vector<Tensor>& layout);
 
   std::shared_ptr<State> state_;
   std::shared_ptr<HeldInputs> held_ = std::make_shared<HeldInputs>();
@@ -221,6 +258,20 @@ inline backend::cpu::FusedProgram compile(const graph::Graph& body) {
   return p;
 }
 
+// Whether GPU plans replay CUDA graphs: yes, unless HYBRA_CUDA_GRAPHS=0
+// (to debug a step, or compare).
+inline bool cuda_plan_graphs() {
+  const char* v = std::getenv("HYBRA_CUDA_GRAPHS");
+  return !(v && std::string_view(v) == "0");
+}
+
+// Whether an epilogue program is relu of the product alone, which a
+// cuBLASLt epilogue applies.
+inline bool relu_of_product(const backend::cpu::FusedProgram& p) {
+  return p.inputs == 1 && p.constants.empty() && p.code.size() == 1 && p.code[0].op == op::elementwise_index<op::relu>() &&
+         p.code[0].src[0] == 0 && p.result == p.code[0].dst;
+}
+
 // Whether a call is brief (engine.hpp): every value it touches fits in
 // 1 MiB and its products do at most 2^20 multiply-adds. The chapter's batch-1
 // MLP (656 KiB of weights, 164k multiply-adds) runs in ~5 us, while handing a
@@ -243,7 +294,7 @@ inline bool is_brief(const graph::Graph& g, const std::vector<Tensor>& layout) {
 
 }  // namespace detail
 
-inline void CpuPlan::build() {
+inline void Plan::build() {
   auto& s = *state_;
   const auto& g = s.graph;
   const std::size_t count = g.nodes.size();
@@ -266,7 +317,9 @@ inline void CpuPlan::build() {
     } else if (graph::fusable(g, n)) {
       kind = Kind::fused;
     } else {
-      kind = detail::product_kernel(n, in) ? Kind::product : Kind::eager;
+      // On a GPU, fully_connected is a product step (cuBLASLt); a conv2d runs its eager op.
+      const bool product = detail::product_kernel(n, in) && (s.device.kind != DeviceKind::cuda || n.op == "fully_connected");
+      kind = product ? Kind::product : Kind::eager;
     }
     if (kind == Kind::eager && !n.body) {
       std::vector<graph::Meta> metas;
@@ -280,7 +333,8 @@ inline void CpuPlan::build() {
       planned[i] = kind == Kind::fused || kind == Kind::product || (kind == Kind::eager && n.body);
     }
     s.draw_blocks += graph::detail::draw_blocks(n, s.training);
-    Step step{kind, static_cast<int>(i), nullptr, {}, std::nullopt};
+    Step step{.kind = kind, .node = static_cast<int>(i)};
+    step.view = kind == Kind::eager && alias[i] >= 0;
     if (kind == Kind::product && n.op == "conv2d") step.conv = detail::conv2d_geometry(n, in);
     if (kind == Kind::fused) {
       // A lone elementwise node is a body of one op; scalars are folded in.
@@ -317,8 +371,11 @@ inline void CpuPlan::build() {
       const bool in_step = owner(k) == static_cast<std::size_t>(k) && layout[static_cast<std::size_t>(k)].shape() == layout[i].shape();
       last_use[owner(k)] = std::max(last_use[owner(k)], in_step ? i : i + 1);
     }
+  // On a CPU outputs are written straight into the call's fresh tensors; on
+  // a GPU into planned buffers, copied out after the steps, so that a CUDA
+  // graph writes the same addresses at every replay.
   for (int o : g.outputs) {
-    planned[static_cast<std::size_t>(o)] = false;
+    if (s.device.kind != DeviceKind::cuda) planned[static_cast<std::size_t>(o)] = false;
     last_use[owner(o)] = count;
   }
   struct Slice {
@@ -373,14 +430,60 @@ inline void CpuPlan::build() {
     s.constants[i] = g.nodes[i].value.to(s.device).copy();  // the plan's own: later writes to the original do not reach it
     s.values[i] = &s.constants[i];
   }
+  if (s.device.kind == DeviceKind::cuda) build_gpu(layout);
 }
 
-inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const Outputs& outputs,
-                                     Generator draws) const {
+inline void Plan::build_gpu(const std::vector<Tensor>& layout) {
+  auto& s = *state_;
+  const auto& g = s.graph;
+  backend::cuda::Gpu& gpu = backend::cuda::gpu(s.device.id);
+  // Every loop of the plan (fused steps, and epilogues no GEMM takes) is a
+  // kernel of one program: one NVRTC compile, one module.
+  std::vector<CudaKernel> kernels;
+  auto add_kernel = [&](Step& step, const Tensor& own) {
+    const Shape& shape = layout[static_cast<std::size_t>(step.node)].shape();
+    std::vector<Strides> strides;
+    for (int k : step.loop_inputs) {
+      const Tensor& in = k < 0 ? own : layout[static_cast<std::size_t>(k)];
+      strides.push_back(in.shape() == shape && in.is_contiguous() ? Strides{} : hybra::detail::broadcast_strides(in, shape));
+    }
+    CudaKernel kernel = cuda_elementwise_kernel(step.loop->program(), shape, strides);
+    step.kernel_name = kernel.name;
+    kernels.push_back(std::move(kernel));
+  };
+  s.replayable = detail::cuda_plan_graphs() && s.draw_blocks == 0;
+  for (auto& step : s.steps) {
+    const auto i = static_cast<std::size_t>(step.node);
+    const auto& n = g.nodes[i];
+    if (step.kind == Kind::product) {
+      const Tensor& x = layout[static_cast<std::size_t>(n.inputs[0])];
+      const Tensor& w = layout[static_cast<std::size_t>(n.inputs[1])];
+      const bool bias = graph::own_inputs(n) == 3, relu = step.loop && detail::relu_of_product(step.loop->program());
+      using backend::cuda::Epilogue;
+      const Epilogue epilogue = relu ? (bias ? Epilogue::relu_bias : Epilogue::relu) : bias ? Epilogue::bias : Epilogue::none;
+      step.matmul = &backend::cuda::dense_matmul(gpu, x.dtype(), x.shape()[0], w.shape()[0], x.shape()[1], epilogue);
+      if (relu) step.loop.reset();
+    }
+    if (step.loop) add_kernel(step, layout[i]);
+    if (step.kind == Kind::eager && !step.view) s.replayable = false;
+  }
+  if (kernels.empty()) return;
+  const std::string ptx = cuda_ptx(cuda_program(kernels), "plan.cu", gpu.arch());
+  for (auto& step : s.steps)
+    if (!step.kernel_name.empty()) step.kernel = gpu.function(ptx, step.kernel_name);
+}
+
+inline void Plan::State::execute(const std::vector<Tensor>& inputs, const Outputs& outputs, Generator draws) const {
   // A brief call runs on the calling thread, maybe inside autograd::record:
   // its steps are not the caller's ops to record.
   autograd::pause mode(training);
   generator_scope drawing(draws);
+  if (replayable) return replay_on_gpu(inputs, outputs);
+  run_steps(inputs, outputs);
+  write_outputs(outputs);
+}
+
+inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outputs& outputs) const {
   std::size_t next_input = 0;
   auto output_of = [&](int id) -> const Tensor* {
     for (std::size_t j = 0; j < graph.outputs.size(); ++j)
@@ -394,7 +497,13 @@ inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const Out
   auto run_loop = [&](const Step& step, const Tensor& own, const Tensor& dst) {
     boost::container::small_vector<const void*, 8> ptrs;
     for (int k : step.loop_inputs) ptrs.push_back((k < 0 ? own : *values[static_cast<std::size_t>(k)]).raw_data());
-    step.loop->run(ptrs.data(), dst.raw_data());
+    if (!step.kernel) return step.loop->run(ptrs.data(), dst.raw_data());
+    boost::container::small_vector<void*, 10> args;
+    ptrs.push_back(dst.raw_data());
+    long long n = dst.size();
+    for (const void*& p : ptrs) args.push_back(&p);
+    args.push_back(&n);
+    backend::cuda::gpu(device.id).launch(step.kernel, n, args.data(), name);
   };
   for (const auto& step : steps) {
     const auto i = static_cast<std::size_t>(step.node);
@@ -414,18 +523,22 @@ inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const Out
         const Tensor& x = *values[static_cast<std::size_t>(n.inputs[0])];
         const Tensor& w = *values[static_cast<std::size_t>(n.inputs[1])];
         const Tensor* b = graph::own_inputs(n) == 3 ? values[static_cast<std::size_t>(n.inputs[2])] : nullptr;
-        dispatch(dst.dtype(), [&](auto tag) {
-          using T = typename decltype(tag)::type;
-          if constexpr (std::is_floating_point_v<T>) {
-            const T* bias = b ? static_cast<const T*>(b->raw_data()) : nullptr;
-            if (step.conv)
-              hybra::detail::nn::conv2d(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()), bias,
-                                        static_cast<T*>(dst.raw_data()), *step.conv);
-            else
-              hybra::detail::nn::dense(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()), bias,
-                                       static_cast<T*>(dst.raw_data()), x.shape()[0], x.shape()[1], w.shape()[0]);
-          }
-        });
+        if (step.matmul) {
+          step.matmul->run(x.raw_data(), w.raw_data(), b ? b->raw_data() : nullptr, dst.raw_data());
+        } else {
+          dispatch(dst.dtype(), [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            if constexpr (std::is_floating_point_v<T>) {
+              const T* bias = b ? static_cast<const T*>(b->raw_data()) : nullptr;
+              if (step.conv)
+                hybra::detail::nn::conv2d(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()), bias,
+                                          static_cast<T*>(dst.raw_data()), *step.conv);
+              else
+                hybra::detail::nn::dense(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()), bias,
+                                         static_cast<T*>(dst.raw_data()), x.shape()[0], x.shape()[1], w.shape()[0]);
+            }
+          });
+        }
         if (step.loop) run_loop(step, dst, dst);
         values[i] = &dst;
         break;
@@ -453,13 +566,56 @@ inline void CpuPlan::State::execute(const std::vector<Tensor>& inputs, const Out
       }
     }
   }
+}
+
+inline void Plan::State::write_outputs(const Outputs& outputs) const {
   for (std::size_t j = 0; j < outputs.size(); ++j) {
     const Tensor& v = *values[static_cast<std::size_t>(graph.outputs[j])];
     if (v.storage() != outputs[j].storage()) hybra::detail::copy_into(v, outputs[j]);
   }
-  // Drop this call's eager results; planned slices and constants stay.
+  // Drop this call's eager results; planned slices and constants stay. (A
+  // replayed plan's eager steps are views the recording made: kept.)
+  if (replayable) return;
   for (std::size_t i = 0; i < made.size(); ++i)
     if (steps[i].kind == Kind::eager) made[i] = Tensor{};
+}
+
+inline void Plan::State::replay_on_gpu(const std::vector<Tensor>& inputs, const Outputs& outputs) const {
+  backend::cuda::Gpu& gpu = backend::cuda::gpu(device.id);
+  Replay& r = replay;
+  if (!r.warm) {
+    // The first call runs the steps: kernels are loaded and cuBLASLt sets
+    // up, which a recording may not do (the driver refuses allocations and
+    // synchronisation while it records).
+    run_steps(inputs, outputs);
+    write_outputs(outputs);
+    r.warm = true;
+    return;
+  }
+  bool record = !r.graph;
+  if (r.read.empty()) {
+    r.read = inputs;
+    r.staged.assign(inputs.size(), false);
+  }
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    if (r.staged[k] || (inputs[k].storage() == r.read[k].storage() && inputs[k].offset() == r.read[k].offset())) continue;
+    r.read[k] = Tensor(inputs[k].shape(), inputs[k].dtype(), device);
+    r.staged[k] = true;
+    record = true;
+  }
+  using backend::cuda::CUdeviceptr;
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (r.staged[k])
+      gpu.copy_from(reinterpret_cast<CUdeviceptr>(r.read[k].raw_data()), gpu,
+                    reinterpret_cast<CUdeviceptr>(inputs[k].raw_data()),
+                    static_cast<std::size_t>(inputs[k].size()) * size_of(inputs[k].dtype()));
+  if (record) {
+    r.graph = {};
+    r.graph = backend::cuda::StreamGraph::capture(gpu, [&] { run_steps(r.read, outputs); });
+    ++r.recorded;
+  }
+  r.graph.launch();
+  write_outputs(outputs);
 }
 
 }  // namespace hybra::jit
