@@ -17,6 +17,7 @@
 // over an input it reads for the last time. peak_bytes() is the workspace's
 // size, unplanned_bytes() what the same values would take with a buffer each.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -98,8 +99,8 @@ class Plan {
   }
 
   // Whether calls replay a CUDA graph (after the first), and how many graphs
-  // were recorded so far: one, plus one more when an input's tensor changed
-  // between calls and is copied in from then on.
+  // the calls that ran so far recorded: one, plus one more when an input's
+  // tensor changed between calls and is copied in from then on.
   bool replays_graph() const { return state_->replayable; }
   int graphs_recorded() const { return state_->replay.recorded; }
 
@@ -127,7 +128,7 @@ class Plan {
     std::vector<Tensor> read;    // per input: the tensor the graph reads (kept alive with it)
     std::vector<bool> staged;    // per input: read is the plan's buffer, copied into per call
     bool warm = false;           // a first call ran the steps directly (kernels loaded, GEMMs chosen)
-    int recorded = 0;
+    std::atomic<int> recorded{0};  // read by graphs_recorded() on any thread
   };
   using Outputs = boost::container::small_vector<Tensor, 1>;
   struct State {
