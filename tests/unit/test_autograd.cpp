@@ -317,6 +317,14 @@ TEST_CASE("a hybridized block's backward is its compiled gradient graph and equa
   CHECK(pair.saved >= 1);
   for (const auto& n : pair.backward.nodes) CHECK(n.op != "dropout");
   CHECK(pair.forward.outputs.size() == 1 + pair.saved);
+
+  // relu's gradient reads its result, so in training too a product keeps the
+  // relu as its epilogue and the forward saves no pre-activation.
+  const Symbol features = sym::var("x", Shape{8, 4}), weight = sym::var("w", Shape{6, 4}), bias = sym::var("b", Shape{6});
+  const autograd::TrainingGraphs dense =
+      autograd::training_graphs(graph::trace({relu(fully_connected(features, weight, bias))}), {true, true, true});
+  const std::string forward = graph::to_string(graph::optimize(dense.forward));
+  CHECK_MESSAGE(forward.find("fully_connected(%0, %1, %2) epilogue[relu($0)]") != std::string::npos, forward);
 }
 
 TEST_CASE("BatchNorm trains on batch statistics and moves its running statistics, eagerly and hybridized alike") {

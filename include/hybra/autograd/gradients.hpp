@@ -116,7 +116,10 @@ inline const std::unordered_map<std::string_view, GradRule>& rules() {
       {"abs", [](C c) -> V { return {Symbol(where(c.in[0] < 0, -c.dy, c.dy))}; }},
       {"tanh", [](C c) -> V { return {Symbol(c.dy * (1 - c.out * c.out))}; }},
       {"sigmoid", [](C c) -> V { return {Symbol(c.dy * c.out * (1 - c.out))}; }},
-      {"relu", [](C c) -> V { return {Symbol(where(c.in[0] > 0, c.dy, 0))}; }},
+      // From the result (relu(x) > 0 exactly where x > 0): a captured graph's
+      // backward then keeps only the result, so a product before the relu
+      // keeps it as its epilogue in training too.
+      {"relu", [](C c) -> V { return {Symbol(where(c.out > 0, c.dy, 0))}; }},
       {"pow",
        [](C c) -> V {
          V g(2);
