@@ -12,9 +12,9 @@
 
 constexpr std::int64_t batch = 256;
 
-inline void count_images(benchmark::State& state) {
-  state.counters["images/s"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * batch), benchmark::Counter::kIsRate);
+inline void count_images(benchmark::State& state, std::int64_t images_per_iteration = batch) {
+  state.counters["images/s"] = benchmark::Counter(static_cast<double>(state.iterations() * images_per_iteration),
+                                                  benchmark::Counter::kIsRate);
 }
 
 #ifdef HYBRA_BENCH_TORCH
