@@ -3,7 +3,8 @@
 #   0. build/mxnet-venv/  Python venv with mxnet==1.9.1 and numpy 1.23.5 from
 #                   PyPI, best effort, for the MXNet interop test of stage 1.
 #   1. build/       Release: configure, build everything (library, unit tests,
-#                   examples, benchmarks -- benchmarks are built, not run), then
+#                   examples, benchmarks -- benchmarks are built at -O0 to check
+#                   that they build, not run: HYBRA_BENCHMARKS_OPTIMIZED), then
 #                   ctest: unit tests, examples (--smoke), compile-fail tests
 #                   (hybra's static_asserts), and the packaging tests (install to a
 #                   fresh prefix + find_package consumer, add_subdirectory consumer),
@@ -106,7 +107,8 @@ fi
 
 # 1. Release build: everything, then the full ctest suite.
 if stage "configure" cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-     -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=ON --log-level=WARNING \
+     -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=ON -DHYBRA_BENCHMARKS_OPTIMIZED=OFF \
+     --log-level=WARNING \
      "-DHYBRA_MXNET_PYTHON=$MXNET_VENV/bin/python"; then
   if stage "build" cmake --build "$BUILD_DIR" --parallel "$BUILD_JOBS"; then
     stage "ctest" run_ctest "$BUILD_DIR"
@@ -141,8 +143,9 @@ sanitized() {
   fi
 }
 
-# 3. ASan + UBSan. The examples are built and run in stage 1 only: at -O0
-# with ASan their graph-capturing programs cost ~4 of the run's 26 minutes.
+# 3. ASan + UBSan. The examples (and the docs' examples, doc_examples) are
+# built and run in stage 1 only: at -O0 with ASan their graph-capturing
+# programs cost ~4 of the run's 26 minutes.
 sanitized asan "$ASAN_DIR" "-O0 $SANITIZE" -DHYBRA_BUILD_EXAMPLES=OFF
 
 # 4. ThreadSanitizer, without OpenMP: the unit tests (the engine, its waits,
