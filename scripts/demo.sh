@@ -10,7 +10,7 @@ BUILD_DIR=${HYBRA_BUILD_DIR:-build}
 
 [[ -f examples/$DEMO/main.cpp ]] || { echo "demo.sh: ERROR: examples/$DEMO/main.cpp not found" >&2; exit 1; }
 
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release --log-level=WARNING >/dev/null
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHYBRA_OPTIMIZE_PROGRAMS=ON --log-level=WARNING >/dev/null
 cmake --build "$BUILD_DIR" --target "$DEMO"
 exe="$BUILD_DIR/examples/$DEMO"
 [[ -x $exe ]] || { echo "demo.sh: ERROR: built $DEMO but found no executable at $exe" >&2; exit 1; }

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${HYBRA_BUILD_DIR:-build}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHYBRA_BENCHMARKS_OPTIMIZED=ON >/dev/null
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHYBRA_OPTIMIZE_PROGRAMS=ON >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -3,8 +3,8 @@
 #   0. build/mxnet-venv/  Python venv with mxnet==1.9.1 and numpy 1.23.5 from
 #                   PyPI, best effort, for the MXNet interop test of stage 1.
 #   1. build/       Release: configure, build everything (library, unit tests,
-#                   examples, benchmarks -- benchmarks are built at -O0 to check
-#                   that they build, not run: HYBRA_BENCHMARKS_OPTIMIZED), then
+#                   examples at -O1 like the tests, benchmarks at -O0 to check
+#                   that they build, not run: HYBRA_OPTIMIZE_PROGRAMS=OFF), then
 #                   ctest: unit tests, examples (--smoke), compile-fail tests
 #                   (hybra's static_asserts), and the packaging tests (install to a
 #                   fresh prefix + find_package consumer, add_subdirectory consumer),
@@ -107,7 +107,7 @@ fi
 
 # 1. Release build: everything, then the full ctest suite.
 if stage "configure" cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-     -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=ON -DHYBRA_BENCHMARKS_OPTIMIZED=OFF \
+     -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=ON -DHYBRA_OPTIMIZE_PROGRAMS=OFF \
      --log-level=WARNING \
      "-DHYBRA_MXNET_PYTHON=$MXNET_VENV/bin/python"; then
   if stage "build" cmake --build "$BUILD_DIR" --parallel "$BUILD_JOBS"; then
