@@ -52,6 +52,36 @@ inline bool covers_storage(const Tensor& t) {
          static_cast<std::size_t>(t.size()) * size_of(t.dtype()) == t.storage()->bytes();
 }
 
+// What push_op_on does before it queues its closure, kept out of the
+// template: an op costs its closure's type only the call that stores it.
+enum class PushAction { queue, run_now, drop };
+inline PushAction prepare_push(std::string_view name, const TensorRefs& reads, const TensorRefs& writes,
+                               boost::container::small_vector<engine::Var, 8>& read_vars,
+                               boost::container::small_vector<engine::Var, 8>& write_vars) {
+  if (writes.empty()) fail<ValueError>("push_op: op '", name, "' writes no tensor");
+  for (const TensorRefs* list : {&reads, &writes})
+    for (const Tensor* t : *list)
+      if (!t->defined()) fail<ValueError>(name, ": the tensor is empty (default-constructed or moved-from)");
+  if (writes.front().device() == meta()) return PushAction::drop;  // shape inference only: no values to compute
+  if (engine::inside_op()) return PushAction::run_now;
+  for (const Tensor* t : reads) read_vars.push_back(t->storage()->var());
+  for (const Tensor* t : writes) {
+    write_vars.push_back(t->storage()->var());
+    if (!covers_storage(*t)) read_vars.push_back(t->storage()->var());
+  }
+  return PushAction::queue;
+}
+
+// push_op's device: that of writes.front(), after refusing GPU operands.
+inline Device host_op_device(std::string_view name, const TensorRefs& reads, const TensorRefs& writes) {
+  for (const TensorRefs* list : {&reads, &writes})
+    for (const Tensor* t : *list)
+      if (t->defined() && t->device().kind == DeviceKind::cuda)
+        fail<DeviceError>(name, ": this op has no CUDA kernel yet, and an operand lives on ", t->device(),
+                          "; copy it with to(cpu()) (docs/cuda.md lists what runs on a GPU)");
+  return !writes.empty() && writes.front().defined() ? writes.front().device() : cpu();
+}
+
 }  // namespace detail
 
 // Queues fn() on `device` after every earlier op that writes what it reads,
@@ -66,23 +96,17 @@ inline bool covers_storage(const Tensor& t) {
 template <class F>
 void push_op_on(Device device, std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn,
                 engine::OpLength length = engine::OpLength::unknown) {
-  if (writes.empty()) fail<ValueError>("push_op: op '", name, "' writes no tensor");
-  for (TensorRefs list : {reads, writes})
-    for (const Tensor* t : list)
-      if (!t->defined()) fail<ValueError>(name, ": the tensor is empty (default-constructed or moved-from)");
-  if (writes.front().device() == meta()) return;  // shape inference only: no values to compute
-  if (engine::inside_op()) {
-    fn();
-    return;
-  }
   boost::container::small_vector<engine::Var, 8> read_vars, write_vars;
-  for (const Tensor* t : reads) read_vars.push_back(t->storage()->var());
-  for (const Tensor* t : writes) {
-    write_vars.push_back(t->storage()->var());
-    if (!detail::covers_storage(*t)) read_vars.push_back(t->storage()->var());
+  switch (detail::prepare_push(name, reads, writes, read_vars, write_vars)) {
+    case detail::PushAction::drop:
+      return;
+    case detail::PushAction::run_now:
+      fn();
+      return;
+    case detail::PushAction::queue:
+      engine::get().push(name, std::forward<F>(fn), std::span<const engine::Var>(read_vars.data(), read_vars.size()),
+                         std::span<const engine::Var>(write_vars.data(), write_vars.size()), device, length);
   }
-  engine::get().push(name, std::forward<F>(fn), std::span<const engine::Var>(read_vars.data(), read_vars.size()),
-                     std::span<const engine::Var>(write_vars.data(), write_vars.size()), device, length);
 }
 
 // push_op_on the device of writes.front(), for an op whose kernel runs on
@@ -91,12 +115,7 @@ void push_op_on(Device device, std::string_view name, TensorRefs reads, TensorRe
 template <class F>
 void push_op(std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn,
              engine::OpLength length = engine::OpLength::unknown) {
-  for (TensorRefs list : {reads, writes})
-    for (const Tensor* t : list)
-      if (t->defined() && t->device().kind == DeviceKind::cuda)
-        fail<DeviceError>(name, ": this op has no CUDA kernel yet, and an operand lives on ", t->device(),
-                          "; copy it with to(cpu()) (docs/cuda.md lists what runs on a GPU)");
-  const Device device = !writes.empty() && writes.front().defined() ? writes.front().device() : cpu();
+  const Device device = detail::host_op_device(name, reads, writes);
   push_op_on(device, name, reads, writes, std::forward<F>(fn), length);  // which checks the lists
 }
 

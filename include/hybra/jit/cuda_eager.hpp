@@ -18,11 +18,23 @@
 
 namespace hybra {
 
-template <class E>
-void detail::push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& out) {
-  // Never destroyed: ops still queued when the program ends run after
-  // function-local statics are gone, and they use these.
-  static const std::string& name = *new std::string(type_string(e));
+namespace detail {
+
+// The kernels of one expression type, by dtype, GPU and layout (empty for
+// the contiguous kernel).
+struct CudaExpressionKernels {
+  struct Compiled {
+    std::string ptx, kernel;
+  };
+  std::mutex mutex;
+  std::map<std::tuple<DType, int, std::string>, Compiled> compiled;
+};
+
+// push_fused_cuda without the expression's type: its name (which outlives
+// the op), its kernels, and its fused program made on demand.
+inline void push_fused_program_cuda(const std::string& name, CudaExpressionKernels& kernels,
+                                    backend::cpu::FusedProgram (*program)(const void*), const void* expression,
+                                    const leaf_list& leaves, const Tensor& out) {
   if (!out.is_contiguous())
     fail<DeviceError>(name, " on ", out.device(), ": the destination is a view of shape ", to_string(out.shape()),
                       " that is not contiguous; on a GPU an expression writes a contiguous tensor (so far)");
@@ -45,29 +57,24 @@ void detail::push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& 
     }
   backend::cuda::Gpu& gpu = backend::cuda::gpu(out.device().id);
 
-  struct Compiled {
-    std::string ptx, kernel;
-  };
-  static std::mutex& mutex = *new std::mutex;
-  // By dtype, GPU and layout (empty for the contiguous kernel).
-  static auto& compiled = *new std::map<std::tuple<DType, int, std::string>, Compiled>;
-  const Compiled* kernel;
+  const CudaExpressionKernels::Compiled* kernel;
   {
-    std::lock_guard g(mutex);
+    std::lock_guard g(kernels.mutex);
     auto key = std::make_tuple(out.dtype(), out.device().id, std::move(layout));
-    auto it = compiled.find(key);
-    if (it == compiled.end()) {
+    auto it = kernels.compiled.find(key);
+    if (it == kernels.compiled.end()) {
       // GPUs of one architecture share the compile through the kernel cache.
-      jit::CudaKernel k = jit::cuda_elementwise_kernel(jit::fused_program(e), out.shape(), strides);
+      jit::CudaKernel k = jit::cuda_elementwise_kernel(program(expression), out.shape(), strides);
       std::string ptx = jit::cuda_ptx(jit::cuda_program({k}), k.name + ".cu", gpu.arch());
-      it = compiled.emplace(std::move(key), Compiled{std::move(ptx), std::move(k.name)}).first;
+      it = kernels.compiled.emplace(std::move(key), CudaExpressionKernels::Compiled{std::move(ptx), std::move(k.name)})
+               .first;
     }
     kernel = &it->second;  // std::map entries stay where they are
   }
 
   boost::container::small_vector<Tensor, 8> inputs;
   for (const Tensor* t : leaves) inputs.push_back(*t);
-  push_op_on(out.device(), name, leaves, {out}, [inputs = std::move(inputs), out, kernel] {
+  push_op_on(out.device(), name, leaves, {out}, [inputs = std::move(inputs), out, kernel, what = std::string_view(name)] {
     backend::cuda::Gpu& g = backend::cuda::gpu(out.device().id);
     boost::container::small_vector<void*, 10> pointers, args;
     for (const Tensor& t : inputs) pointers.push_back(t.raw_data());
@@ -75,8 +82,23 @@ void detail::push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& 
     long long n = out.size();
     for (void*& p : pointers) args.push_back(&p);
     args.push_back(&n);
-    g.launch(g.function(kernel->ptx, kernel->kernel), n, args.data(), name);
+    g.launch(g.function(kernel->ptx, kernel->kernel), n, args.data(), what);
   });
+}
+
+}  // namespace detail
+
+// The expression's type decides its name and program; the rest is
+// push_fused_program_cuda, compiled once whatever the expression.
+template <class E>
+void detail::push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& out) {
+  // Never destroyed: ops still queued when the program ends run after
+  // function-local statics are gone, and they use these.
+  static const std::string& name = *new std::string(type_string(e));
+  static CudaExpressionKernels& kernels = *new CudaExpressionKernels;
+  push_fused_program_cuda(
+      name, kernels, [](const void* expression) { return jit::fused_program(*static_cast<const E*>(expression)); }, &e,
+      leaves, out);
 }
 
 }  // namespace hybra
