@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../core/separate_compilation.hpp"
 #include "../graph/symbol.hpp"
 
 namespace hybra::autograd {
@@ -101,7 +102,9 @@ inline graph::Attrs with_shape(graph::Attrs attrs, const Shape& shape) {
   return attrs;
 }
 
-inline const std::unordered_map<std::string_view, GradRule>& rules() {
+HYBRA_SEPARABLE const std::unordered_map<std::string_view, GradRule>& rules();
+#if HYBRA_DEFINE_SEPARABLE
+HYBRA_SEPARABLE const std::unordered_map<std::string_view, GradRule>& rules() {
   using C = const GradContext&;
   using V = std::vector<Symbol>;
   static const std::unordered_map<std::string_view, GradRule> table = {
@@ -278,6 +281,7 @@ inline const std::unordered_map<std::string_view, GradRule>& rules() {
   };
   return table;
 }
+#endif
 
 }  // namespace detail
 

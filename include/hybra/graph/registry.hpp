@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../backend/cpu/fused_loop.hpp"
+#include "../core/separate_compilation.hpp"
 #include "../ops/conv.hpp"
 #include "../ops/conv_backward.hpp"
 #include "../ops/linalg.hpp"
@@ -103,7 +104,9 @@ inline Axes reduce_axes(const Attrs& a, std::string_view op) {
   return axes ? Axes(*axes) : Axes();
 }
 
-inline std::vector<OpDef> op_defs() {
+HYBRA_SEPARABLE std::vector<OpDef> op_defs();
+#if HYBRA_DEFINE_SEPARABLE
+HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
   std::vector<OpDef> defs;
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (defs.push_back(OpDef{std::tuple_element_t<I, op::elementwise_ops>::name,
@@ -238,6 +241,7 @@ inline std::vector<OpDef> op_defs() {
   });
   return defs;
 }
+#endif
 
 }  // namespace detail
 

@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../core/separate_compilation.hpp"
 #include "../graph/graph.hpp"
 #include "ndarray_list_format.hpp"
 #include "symbol_json.hpp"
@@ -265,7 +266,9 @@ inline OpRow reduction_row(std::string_view op) {
                }};
 }
 
-inline std::vector<OpRow> op_rows() {
+HYBRA_SEPARABLE std::vector<OpRow> op_rows();
+#if HYBRA_DEFINE_SEPARABLE
+HYBRA_SEPARABLE std::vector<OpRow> op_rows() {
   std::vector<OpRow> rows = elementwise_rows();
   auto pass_through = [](std::string_view hybra, std::vector<std::string_view> mxnet) {
     return OpRow{hybra, mxnet,
@@ -480,6 +483,7 @@ inline std::vector<OpRow> op_rows() {
                        }});
   return rows;
 }
+#endif
 
 struct OpTable {
   std::unordered_map<std::string_view, const OpRow*> by_hybra, by_mxnet;
