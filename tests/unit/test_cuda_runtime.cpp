@@ -161,6 +161,23 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(fake.calls("cuModuleLoadData") == loads + 1);
   }
 
+  TEST_CASE("cuda fake: node by node (eval_unfused, autograd), an op is a kernel of its own, compiled once") {
+    FakeDriver fake;
+    Tensor a = array<float>({1, -2, 3}, {3}, cuda(0)), b = ones({3}, DType::float32, cuda(0));
+    const long launches = fake.calls("cuLaunchKernel");
+    Tensor y = eval_unfused(relu(a * b + 2));
+    waitall();
+    CHECK(y.device() == cuda(0));
+    CHECK(y.dtype() == DType::float32);
+    CHECK(fake.calls("cuLaunchKernel") == launches + 3);  // multiply, add, relu
+    CHECK(fake.last_launch().rfind("hybra_fused_", 0) == 0);
+    const long loads = fake.calls("cuModuleLoadData");
+    Tensor again = eval_unfused(relu(b * a + 2));
+    waitall();
+    CHECK(fake.calls("cuLaunchKernel") == launches + 6);
+    CHECK(fake.calls("cuModuleLoadData") == loads);
+  }
+
   TEST_CASE("cuda fake: an error the device reports after a launch fails the op that launched it") {
     FakeDriver fake;
     Tensor a = ones({4}, DType::float32, cuda(0));

@@ -183,10 +183,12 @@ TEST_CASE("fused equals unfused, on contiguous, broadcast and strided operands")
   auto b = random_normal({64, 50}, 0, 1, DType::float32, cpu(), g);
   auto c = random_normal({50}, 0, 1, DType::float32, cpu(), g);
   auto bt = b.view({50, 64}, {1, 50}, 0);  // b's storage seen as a transposed (50, 64)
-  // Arithmetic is bit-identical. exp/tanh/log/pow may run the vector (libmvec)
+  // Arithmetic is bit-identical. Unfused nodes run the run-time fused loop
+  // (jit/elementwise_op.hpp), so exp/tanh/log/pow may run the vector (libmvec)
   // variant in one evaluation and the scalar one in the other (they differ by
-  // up to 2 ulp), so those compare within float accuracy.
+  // up to 2 ulp): those compare within float accuracy.
   auto check = [](const auto& e, double abs_tol) {
+    INFO(to_string(e));
     Tensor fused = e;
     Tensor unfused = eval_unfused(e);
     CHECK(fused.shape() == unfused.shape());
@@ -199,11 +201,15 @@ TEST_CASE("fused equals unfused, on contiguous, broadcast and strided operands")
   };
   check(relu(a * b + 2) * c - 1, 0);
   check(sigmoid(tanh(a * b + c) * exp(-a)) + b, 1e-6);
-  check(sigmoid(tanh(a * b + a) * exp(-a)) + b, 0);  // all flat: the same code path
+  check(sigmoid(tanh(a * b + a) * exp(-a)) + b, 1e-6);  // all flat
   check(where(a > c, maximum(a, b), minimum(b, c) / 3), 0);
   check(pow(abs(a) + 1, 2) - sqrt(abs(b)) + log(abs(c) + 1), 1e-5);
   check(a.view({50, 64}, {1, 50}, 0) * bt + 1, 0);
   check(a.view({32, 50}, {100, 1}, 0) + c, 0);  // every second row
+  // Scalars: weak in every operand position, a scalar condition true when non-zero.
+  check(where(a > 0, a, 2.5) * 2, 0);
+  check(where(0.5, a, c) - 1, 0);
+  check(3 - relu(2.f * a), 0);
 }
 
 TEST_CASE("large expressions split across threads give the same result") {

@@ -187,6 +187,8 @@ template <class E>
 Tensor evaluate_unfused(const E& e);
 template <class E>
 Tensor evaluate_recorded(const E& e);
+// One elementwise op of the table chosen at run time (jit/elementwise_op.hpp).
+inline Tensor run_elementwise(int index, op::DTypeRule rule, std::string_view name, std::span<const Tensor> in);
 // On a GPU an expression is one kernel NVRTC compiles from its type (jit/cuda_eager.hpp).
 template <class E>
 void push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& out);
@@ -321,34 +323,52 @@ Tensor eval_unfused(const E& e) {
 
 namespace detail {
 
+// One node of an expression on its operands' values (tensors and C++
+// scalars), as run_elementwise: the node's dtype is the fused rule's
+// (op::result: scalars are weak), scalars become 0-d tensors of it, and the
+// op compiles once, not once per node type.
+template <class Op, class... Args>
+Tensor run_node(const Args&... args) {
+  std::optional<Device> device;
+  std::optional<DType> common;
+  bool weak = true;
+  std::size_t k = 0;
+  auto note = [&](const auto& a) {
+    const bool condition = Op::rule == op::DTypeRule::select && k++ == 0;
+    if constexpr (is_tensor_v<decltype(a)>) {
+      if (!device) device = a.device();
+      if (!condition) {
+        common = common ? promote_types(*common, weak, a.dtype(), false) : a.dtype();
+        weak = false;
+      }
+    } else if (!condition) {
+      const DType d = dtype_of_v<kernel::scalar_type_t<std::remove_cvref_t<decltype(a)>>>;
+      common = common ? promote_types(*common, weak, d, true) : d;
+    }
+  };
+  (note(args), ...);
+  // A condition keeps its own dtype: run_elementwise makes it 1/0 first.
+  k = 0;
+  auto operand = [&](const auto& a) -> Tensor {
+    const bool condition = Op::rule == op::DTypeRule::select && k++ == 0;
+    if constexpr (is_tensor_v<decltype(a)>) {
+      return a;
+    } else {
+      using S = kernel::scalar_type_t<std::remove_cvref_t<decltype(a)>>;
+      return dispatch(condition ? dtype_of_v<S> : *common, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        return array<T>(std::vector<T>{static_cast<T>(static_cast<S>(a))}, Shape{}, *device);
+      });
+    }
+  };
+  const std::vector<Tensor> operands{operand(args)...};
+  return run_elementwise(op::elementwise_index<Op>(), Op::rule, Op::name, operands);
+}
+
 template <class E>
 Tensor evaluate_unfused(const E& e) {
   auto leaf = [](const auto& v) { return v; };
-  auto node = [](auto op, const auto&... args) -> Tensor {
-    using Op = decltype(op);
-    constexpr auto is_condition = [](std::size_t i) { return Op::rule == op::DTypeRule::select && i == 0; };
-    std::optional<DType> common;
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      auto note = [&](std::size_t i, const auto& a) {
-        if constexpr (is_tensor_v<decltype(a)>)
-          if (!is_condition(i)) common = common ? promote_types(*common, a.dtype()) : a.dtype();
-      };
-      (note(I, args), ...);
-    }(std::index_sequence_for<decltype(args)...>{});
-    // Operands convert to the common dtype, so each node runs fused; a
-    // condition first becomes 1/0 so that no conversion changes its truth.
-    auto convert = [&](std::size_t i, const auto& a) {
-      if constexpr (is_tensor_v<decltype(a)>) {
-        if (!common || a.dtype() == *common) return a;
-        return is_condition(i) ? eval(a != 0).astype(*common) : a.astype(*common);
-      } else {
-        return a;
-      }
-    };
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return eval(apply_op<Op>(convert(I, args)...));
-    }(std::index_sequence_for<decltype(args)...>{});
-  };
+  auto node = [](auto op, const auto&... args) -> Tensor { return run_node<decltype(op)>(args...); };
   Tensor result = fold(e, leaf, node);
   if constexpr (is_terminal<E>()) return result.copy();
   else return result;
@@ -386,7 +406,7 @@ Tensor evaluate_recorded(const E& e) {
     Tensor out;
     {
       autograd::pause inside(autograd::is_training());
-      out = evaluate_unfused(apply_op<Op>(args...));
+      out = run_node<Op>(args...);
     }
     if (needed) autograd::record_node(std::string(Op::name), {}, std::move(inputs), std::move(weak), std::span<Tensor>(&out, 1));
     return out;

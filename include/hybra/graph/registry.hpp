@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "../backend/cpu/fused_loop.hpp"
 #include "../core/separate_compilation.hpp"
+#include "../jit/elementwise_op.hpp"
 #include "../ops/conv.hpp"
 #include "../ops/conv_backward.hpp"
 #include "../ops/linalg.hpp"
@@ -46,47 +46,10 @@ struct OpDef {
 
 namespace detail {
 
-// An elementwise op on tensors, as one fused loop of one instruction
-// (backend/cpu/fused_loop.hpp): operands are converted to the dtype the op
-// computes in first, as an unfused eager expression converts them.
-inline Tensor run_elementwise(int index, op::DTypeRule rule, std::string_view name, std::span<const Tensor> in) {
-  const std::size_t first = rule == op::DTypeRule::select ? 1 : 0;
-  Shape shape;
-  for (const auto& t : in) {
-    t.require(name.data());
-    require_same_device(name, in.front(), t);
-    shape = broadcast_shapes(shape, t.shape(), name);
-  }
-  DType common = in[first].dtype();
-  for (std::size_t k = first; k < in.size(); ++k) common = promote_types(common, in[k].dtype());
-  const DType compute = rule == op::DTypeRule::promote_float && !is_floating(common) ? DType::float32 : common;
-  std::vector<Tensor> operands;
-  for (std::size_t k = 0; k < in.size(); ++k) {
-    Tensor t = in[k];
-    if (k < first && t.dtype() != compute)  // a condition becomes 1/0 before it is converted
-      t = run_elementwise(op::elementwise_index<op::not_equal>(), op::not_equal::rule, "not_equal", std::vector<Tensor>{t, zeros({}, t.dtype(), t.device())});
-    operands.push_back(t.dtype() == compute ? t : t.astype(compute));
-  }
-  backend::cpu::FusedProgram program;
-  program.dtype = compute;
-  program.inputs = static_cast<int>(operands.size());
-  program.registers = program.inputs + 1;
-  program.result = program.inputs;
-  program.code.push_back({index, program.inputs, {0, operands.size() > 1 ? 1 : 0, operands.size() > 2 ? 2 : 0}});
-  Tensor out(shape, compute, in.front().device());
-  auto loop = std::make_shared<const backend::cpu::FusedLoop>(std::move(program), operands, shape);
-  push_op(name, operands, {out}, [loop, operands, out] {
-    boost::container::small_vector<const void*, 3> ptrs;
-    for (const auto& t : operands) ptrs.push_back(t.raw_data());
-    loop->run(ptrs.data(), out.raw_data());
-  });
-  return out;
-}
-
 template <std::size_t I>
 Tensor eval_elementwise(std::span<const Tensor> in, const Attrs&) {
   using Op = std::tuple_element_t<I, op::elementwise_ops>;
-  return run_elementwise(static_cast<int>(I), Op::rule, Op::name, in);
+  return hybra::detail::run_elementwise(static_cast<int>(I), Op::rule, Op::name, in);
 }
 
 inline std::optional<std::vector<std::int64_t>> axes_attr(const Attrs& a, std::string_view op) {

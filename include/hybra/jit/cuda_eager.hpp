@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 #include <utility>
@@ -32,7 +33,7 @@ struct CudaExpressionKernels {
 
 // push_fused_cuda without the expression's type: its name (which outlives
 // the op), its kernels, and its fused program made on demand.
-inline void push_fused_program_cuda(const std::string& name, CudaExpressionKernels& kernels,
+inline void push_fused_program_cuda(std::string_view name, CudaExpressionKernels& kernels,
                                     backend::cpu::FusedProgram (*program)(const void*), const void* expression,
                                     const leaf_list& leaves, const Tensor& out) {
   if (!out.is_contiguous())
@@ -74,7 +75,7 @@ inline void push_fused_program_cuda(const std::string& name, CudaExpressionKerne
 
   boost::container::small_vector<Tensor, 8> inputs;
   for (const Tensor* t : leaves) inputs.push_back(*t);
-  push_op_on(out.device(), name, leaves, {out}, [inputs = std::move(inputs), out, kernel, what = std::string_view(name)] {
+  push_op_on(out.device(), name, leaves, {out}, [inputs = std::move(inputs), out, kernel, name] {
     backend::cuda::Gpu& g = backend::cuda::gpu(out.device().id);
     boost::container::small_vector<void*, 10> pointers, args;
     for (const Tensor& t : inputs) pointers.push_back(t.raw_data());
@@ -82,7 +83,7 @@ inline void push_fused_program_cuda(const std::string& name, CudaExpressionKerne
     long long n = out.size();
     for (void*& p : pointers) args.push_back(&p);
     args.push_back(&n);
-    g.launch(g.function(kernel->ptx, kernel->kernel), n, args.data(), what);
+    g.launch(g.function(kernel->ptx, kernel->kernel), n, args.data(), name);
   });
 }
 
