@@ -133,6 +133,20 @@ TEST_CASE("scalars of any arithmetic type follow the weak-scalar rule") {
   CHECK(Tensor(f + true).to_vector<float>() == std::vector<float>{2, 2});
   CHECK(Tensor(where(f > 0, 1, 2)).dtype() == DType::int32);
   CHECK(Tensor(where(f > 0, 1.5, 2)).to_vector<double>() == std::vector<double>{1.5, 1.5});
+  // Node by node (mixed dtypes, autograd) the same rule gives the same dtype and values.
+  auto same = [](const auto& e) {
+    INFO(to_string(e));
+    Tensor fused = e, unfused = eval_unfused(e);
+    CHECK(fused.dtype() == unfused.dtype());
+    CHECK(fused.to_vector<double>() == unfused.to_vector<double>());
+  };
+  same(i * 2.5);
+  same(i * 3L);
+  same(u8 + 300);  // the int scalar wraps as a uint8
+  same(2 - f);
+  same(1.0 / (i + 1));
+  same(where(f > 0, 1.5, 2));
+  same(where(i, u8, 7));
 }
 
 TEST_CASE("tensors of different dtypes promote per node") {
@@ -151,6 +165,10 @@ TEST_CASE("tensors of different dtypes promote per node") {
   Tensor w = where(array({0.25f, 0.f, -2.f}), i, u8 * 10);
   CHECK(w.dtype() == DType::int32);
   CHECK(w.to_vector<int>() == std::vector<int>{1, 20, 3});
+  // A scalar in a mixed-dtype tree adapts to its own node: 300 wraps as a uint8.
+  Tensor m = (u8 + 300) * f;
+  CHECK(m.dtype() == DType::float32);
+  CHECK(m.to_vector<float>() == std::vector<float>{22.5f, 23, 23.5f});
 }
 
 TEST_CASE("broadcasting edge cases") {
@@ -192,6 +210,7 @@ TEST_CASE("fused equals unfused, on contiguous, broadcast and strided operands")
     Tensor fused = e;
     Tensor unfused = eval_unfused(e);
     CHECK(fused.shape() == unfused.shape());
+    CHECK(fused.dtype() == unfused.dtype());
     auto f = fused.to_vector<float>(), u = unfused.to_vector<float>();
     REQUIRE(f.size() == u.size());
     double worst = 0;

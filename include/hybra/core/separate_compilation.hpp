@@ -2,11 +2,11 @@
 // hybra is header-only, and a translation unit that uses it compiles the
 // tables that name every op (the graph registry, the gradient rules, the
 // MXNet spellings) and with them every op's kernels for every dtype: about
-// 11 s of compiler time per translation unit at -O1. A program of many translation
-// units can compile them once instead (docs/architecture.md, "Separate
-// compilation"): define HYBRA_SEPARATE_COMPILATION in every one of them, and
-// include <hybra/src.hpp> in exactly one. The other translation units see
-// only the declarations of the functions marked HYBRA_SEPARABLE.
+// 11 s of compiler time per translation unit at -O1. A program of many
+// translation units can compile them once instead (docs/architecture.md,
+// "Separate compilation"): define HYBRA_SEPARATE_COMPILATION in every one of
+// them, and include <hybra/src.hpp> in exactly one. The other translation
+// units see only the declarations of the functions marked HYBRA_SEPARABLE.
 //
 // HYBRA_DEFINE_SEPARABLE is decided at the first hybra header a translation
 // unit includes, which for the defining one must be <hybra/src.hpp>.

@@ -329,40 +329,39 @@ namespace detail {
 // op compiles once, not once per node type.
 template <class Op, class... Args>
 Tensor run_node(const Args&... args) {
+  constexpr auto is_condition = [](std::size_t i) { return Op::rule == op::DTypeRule::select && i == 0; };
   std::optional<Device> device;
   std::optional<DType> common;
   bool weak = true;
-  std::size_t k = 0;
-  auto note = [&](const auto& a) {
-    const bool condition = Op::rule == op::DTypeRule::select && k++ == 0;
+  auto note = [&](std::size_t i, const auto& a) {
     if constexpr (is_tensor_v<decltype(a)>) {
       if (!device) device = a.device();
-      if (!condition) {
+      if (!is_condition(i)) {
         common = common ? promote_types(*common, weak, a.dtype(), false) : a.dtype();
         weak = false;
       }
-    } else if (!condition) {
+    } else if (!is_condition(i)) {
       const DType d = dtype_of_v<kernel::scalar_type_t<std::remove_cvref_t<decltype(a)>>>;
       common = common ? promote_types(*common, weak, d, true) : d;
     }
   };
-  (note(args), ...);
   // A condition keeps its own dtype: run_elementwise makes it 1/0 first.
-  k = 0;
-  auto operand = [&](const auto& a) -> Tensor {
-    const bool condition = Op::rule == op::DTypeRule::select && k++ == 0;
+  auto operand = [&](std::size_t i, const auto& a) -> Tensor {
     if constexpr (is_tensor_v<decltype(a)>) {
       return a;
     } else {
       using S = kernel::scalar_type_t<std::remove_cvref_t<decltype(a)>>;
-      return dispatch(condition ? dtype_of_v<S> : *common, [&](auto tag) {
+      return dispatch(is_condition(i) ? dtype_of_v<S> : *common, [&](auto tag) {
         using T = typename decltype(tag)::type;
         return array<T>(std::vector<T>{static_cast<T>(static_cast<S>(a))}, Shape{}, *device);
       });
     }
   };
-  const std::vector<Tensor> operands{operand(args)...};
-  return run_elementwise(op::elementwise_index<Op>(), Op::rule, Op::name, operands);
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (note(I, args), ...);
+    const std::vector<Tensor> operands{operand(I, args)...};
+    return run_elementwise(op::elementwise_index<Op>(), Op::rule, Op::name, operands);
+  }(std::index_sequence_for<Args...>{});
 }
 
 template <class E>
