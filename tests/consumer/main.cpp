@@ -1,8 +1,11 @@
-// Computes a fused expression through the public header and checks the values.
+// Computes a fused expression through the public header and checks the values;
+// and, where NVRTC is, compiles a GPU reduction from the device code
+// (kernels/) the package ships, found where it was installed.
 #include <hybra/hybra.hpp>
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 int main() {
@@ -17,5 +20,16 @@ int main() {
   std::printf("relu(a * b + 2) = [");
   for (std::size_t i = 0; i < got.size(); ++i) std::printf(i ? ", %g" : "%g", static_cast<double>(got[i]));
   std::printf("]: %s\n", ok ? "PASS" : "FAIL (expected [0, 6, 3, 8])");
+
+  std::printf("device code in %s", hybra::jit::kernels_parent_dir().c_str());
+  if (hybra::backend::cuda::nvrtc().loaded()) {
+    const std::string ptx = hybra::jit::cuda_ptx(
+        hybra::jit::cuda_reduce_program(hybra::jit::Reduction::sum, hybra::DType::float32), "sum.cu");
+    const bool compiled = ptx.find(".entry hybra_sum_float32_rows_in_out") != std::string::npos;
+    std::printf(": sum compiled by NVRTC: %s\n", compiled ? "PASS" : "FAIL");
+    ok = ok && compiled;
+  } else {
+    std::printf(" (no NVRTC here: not compiled)\n");
+  }
   return ok ? 0 : 1;
 }

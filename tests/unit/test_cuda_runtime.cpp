@@ -305,10 +305,40 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
                          ShapeError);
   }
 
+  TEST_CASE("cuda fake: reductions, argmax and softmax are kernels of one program per op and dtype, launched in the planned steps") {
+    FakeDriver fake;
+    Tensor x = ones({64, 10}, DType::float32, cuda(0));
+    const long loads = fake.calls("cuModuleLoadData"), launches = fake.calls("cuLaunchKernel");
+    Tensor s = sum(x, 1), m = mean(x), top = argmax(x, 1), p = softmax(x), lp = log_softmax(x, 0);
+    waitall();
+    CHECK(s.device() == cuda(0));
+    CHECK(s.shape() == Shape{64});
+    CHECK(m.shape() == Shape{});
+    CHECK(top.dtype() == DType::int64);
+    CHECK(p.shape() == x.shape());
+    CHECK(fake.calls("cuModuleLoadData") == loads + 5);   // sum, mean, argmax, softmax, log_softmax of float32
+    CHECK(fake.calls("cuLaunchKernel") == launches + 5);  // one step each: nothing here needs pieces
+    CHECK(fake.last_launch() == "hybra_log_softmax_float32_columns");
+    Tensor total = sum(ones({1 << 20}, DType::float32, cuda(0)));
+    waitall();
+    CHECK(fake.calls("cuLaunchKernel") == launches + 7);  // 2^20 elements: pieces, then their sum
+    CHECK(fake.last_launch() == "hybra_sum_float32_rows_acc_out");
+    Tensor columns = sum(x, 0);
+    waitall();
+    CHECK(fake.calls("cuModuleLoadData") == loads + 5);  // the sum's program serves every sum of float32
+    CHECK(fake.calls("cuLaunchKernel") == launches + 8);
+    CHECK(fake.last_launch() == "hybra_sum_float32_columns_in_out");
+    Tensor counted = mean(ones({3, 1}, DType::int32, cuda(0)), 1);  // nothing to reduce: the kernel converts
+    waitall();
+    CHECK(counted.dtype() == DType::float32);
+    CHECK_THROWS_WITH_AS(sum(ones({2}, DType::float32, cuda(0)), 1), doctest::Contains("sum: axis 1"), AxisError);
+  }
+
   TEST_CASE("cuda fake: what does not run on a GPU yet is refused by name") {
     Tensor a = ones({2, 2}, DType::float32, cuda(0));
     CHECK_THROWS_WITH_AS(dot(a, a), doctest::Contains("dot: this op has no CUDA kernel yet"), DeviceError);
-    CHECK_THROWS_WITH_AS(sum(a), doctest::Contains("operand lives on cuda(0)"), DeviceError);
+    CHECK_THROWS_WITH_AS(max_pool2d(ones({1, 1, 2, 2}, DType::float32, cuda(0)), 2, 2),
+                         doctest::Contains("operand lives on cuda(0)"), DeviceError);
     CHECK_THROWS_WITH_AS(Tensor(a + a.to(cuda(1))), doctest::Contains("operands live on cuda(0) and cuda(1)"), DeviceError);
     CHECK_THROWS_WITH_AS(a.astype(DType::float64), doctest::Contains("converting float32 to float64"), DTypeError);
   }

@@ -1,6 +1,7 @@
 // On a real GPU: what cuda(0) computes against what the CPU computes, for
 // every elementwise op of the table in every dtype it keeps, a long fused
-// expression, broadcast operands and views, products through cuBLAS(Lt), the
+// expression, broadcast operands and views, products through cuBLAS(Lt),
+// reductions, argmax and softmax, the
 // chapter's MLP (eager and hybridized, replayed as a CUDA graph), a captured
 // elementwise graph, copies between the host and GPUs, and the caching
 // allocator.
@@ -158,6 +159,45 @@ TEST_SUITE("gpu" * doctest::skip()) {
       for (std::size_t k = 0; k < outputs.size(); ++k) close(outputs[k], want[k]);
     }
     CHECK(on_gpu.graphs_recorded() == 1);
+  }
+
+  TEST_CASE("gpu: reductions, argmax, softmax and log_softmax of every dtype on cuda(0) against the CPU") {
+    if (!gpu_present()) return;
+    auto same = [](const Tensor& on_gpu, const Tensor& on_cpu) {
+      REQUIRE(on_gpu.dtype() == on_cpu.dtype());
+      REQUIRE(on_gpu.shape() == on_cpu.shape());
+      const auto g = on_gpu.to_vector<double>(), c = on_cpu.to_vector<double>();
+      int wrong = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        const double tolerance = on_cpu.dtype() == DType::float32 ? 2e-6 * std::max(1.0, std::abs(c[i]))
+                                 : is_floating(on_cpu.dtype())    ? 1e-12 * std::max(1.0, std::abs(c[i]))
+                                                                  : 0.0;
+        wrong += std::isnan(c[i]) ? !std::isnan(g[i]) : !(std::abs(g[i] - c[i]) <= tolerance);
+      }
+      CHECK(wrong == 0);
+    };
+    const std::vector<std::pair<Shape, std::vector<std::int64_t>>> cases = {
+        {{1 << 22}, {0}}, {{256, 10}, {1}}, {{256, 10}, {0}}, {{64, 6, 24, 24}, {0, 2, 3}}, {{5000, 3}, {0}}};
+    for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8})
+      for (const auto& [shape, axes] : cases) {
+        CAPTURE(name(d));
+        CAPTURE(to_string(shape));
+        seed(11);
+        const Tensor values = (is_floating(d) ? random_normal(shape, 0, 3, DType::float64)
+                                              : random_uniform(shape, 0, 200, DType::float64))
+                                  .astype(d);
+        const Tensor on_gpu = values.to(cuda(0));
+        same(sum(on_gpu, Axes(axes)), sum(values, Axes(axes)));
+        same(mean(on_gpu, Axes(axes)), mean(values, Axes(axes)));
+        same(max(on_gpu, Axes(axes)), max(values, Axes(axes)));
+        same(min(on_gpu, Axes(axes), true), min(values, Axes(axes), true));
+        same(argmax(on_gpu, axes.front()), argmax(values, axes.front()));
+        same(argmax(on_gpu), argmax(values));
+        if (is_floating(d)) {
+          same(softmax(on_gpu, axes.front()), softmax(values, axes.front()));
+          same(log_softmax(on_gpu * 100, axes.back()), log_softmax(values * 100, axes.back()));
+        }
+      }
   }
 
   TEST_CASE("gpu: freed memory is reused, and running out is an OutOfMemory naming the GPU") {

@@ -19,15 +19,30 @@ inline std::string hybra_include_dir() {
   return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
 }
 
-// The hybra headers NVRTC compiles into generated kernels, hashed into every
-// cache key: a changed op table must not be served the old code.
+// The directory that holds kernels/, the hand-written device code NVRTC
+// compiles with hybra's generated entries (as <kernels/NAME.cuh>): the
+// source tree's top level, or share/hybra where CMake installs it.
+inline const std::string& kernels_parent_dir() {
+  static const std::string dir = [] {
+    const std::filesystem::path include(hybra_include_dir());
+    for (const auto& candidate : {include.parent_path(), include.parent_path() / "share" / "hybra"})
+      if (std::filesystem::exists(candidate / "kernels" / "reduce.cuh")) return candidate.string();
+    fail<Error>("cuda: hybra's device code (kernels/reduce.cuh) is neither in ", include.parent_path().string(),
+                " nor in ", (include.parent_path() / "share" / "hybra").string(), ", where NVRTC looks for it");
+  }();
+  return dir;
+}
+
+// The hybra files NVRTC compiles into kernels, hashed into every cache key: a
+// changed op table or kernel must not be served the old code.
 inline const std::string& kernel_headers_hash() {
   static const std::string hash = [] {
+    const std::filesystem::path include(hybra_include_dir()), kernels(kernels_parent_dir());
     std::string text;
-    for (const char* header : {"hybra/ops/elementwise.hpp", "hybra/core/macros.hpp"}) {
-      std::ifstream in(std::filesystem::path(hybra_include_dir()) / header, std::ios::binary);
-      if (!in) fail<Error>("cuda: hybra's header ", header, " is not under ", hybra_include_dir(),
-                           ", where NVRTC will look for it");
+    for (const auto& file : {include / "hybra/ops/elementwise.hpp", include / "hybra/core/macros.hpp",
+                             kernels / "kernels/reduce.cuh", kernels / "kernels/softmax.cuh"}) {
+      std::ifstream in(file, std::ios::binary);
+      if (!in) fail<Error>("cuda: hybra's file ", file.string(), ", which NVRTC compiles into kernels, cannot be read");
       text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
     return fnv1a64_hex(text);
@@ -43,7 +58,9 @@ inline std::string cuda_ptx(const std::string& source, const std::string& name, 
   const auto& compiler = backend::cuda::nvrtc();
   const std::string key = hybra::detail::concat("nvrtc ", compiler.version(), "\nheaders ", kernel_headers_hash(), '\n',
                                                 arch, '\n', name, '\n', source);
-  return cache.get(key, [&] { return compiler.compile_ptx(source, name, arch, {"-I" + hybra_include_dir()}); });
+  return cache.get(key, [&] {
+    return compiler.compile_ptx(source, name, arch, {"-I" + hybra_include_dir(), "-I" + kernels_parent_dir()});
+  });
 }
 
 }  // namespace hybra::jit

@@ -17,10 +17,16 @@
 //
 // Work is cut into tasks that depend only on the shape (never on the thread
 // count), so a result is the same however many threads compute it.
+//
+// On a GPU the passes are the same; kernels/reduce.cuh computes them, in
+// the steps jit/cuda_reduce.hpp plans (sums accumulate in double there too,
+// in another order than here, so float sums may differ in the last bit).
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -29,6 +35,7 @@
 #include "../backend/cpu/threads.hpp"
 #include "../core/creation.hpp"
 #include "../expr/evaluate.hpp"
+#include "../jit/cuda_reduce.hpp"
 #include "layout.hpp"
 
 namespace hybra {
@@ -236,12 +243,12 @@ inline std::vector<run> collapse(const Shape& shape, const std::vector<bool>& re
   return runs;
 }
 
-// Reduces every reduced run of a contiguous tensor, innermost first; the
-// result holds the kept elements in order. Needs at least one reduced run.
-template <class P, class T>
-std::vector<typename P::acc> reduce_runs(const T* x, std::vector<run> runs) {
-  std::vector<typename P::acc> cur;
-  bool first = true;
+// The passes that reduce every reduced run of a contiguous tensor,
+// innermost first, as (O, R, I) blocks: each pass reduces the middle axis of
+// the previous pass's result (the first, of the tensor). The last result
+// holds the kept elements in order. Needs at least one reduced run.
+inline std::vector<std::array<i64, 3>> passes(std::vector<run> runs) {
+  std::vector<std::array<i64, 3>> blocks;
   for (;;) {
     auto it = std::find_if(runs.rbegin(), runs.rend(), [](const run& r) { return r.reduced; });
     if (it == runs.rend()) break;
@@ -249,16 +256,26 @@ std::vector<typename P::acc> reduce_runs(const T* x, std::vector<run> runs) {
     i64 O = 1, I = 1;
     for (std::size_t d = 0; d < k; ++d) O *= runs[d].extent;
     for (std::size_t d = k + 1; d < runs.size(); ++d) I *= runs[d].extent;
-    std::vector<typename P::acc> next(static_cast<std::size_t>(O * I));
-    if (first) reduce_3d<P>(x, next.data(), O, runs[k].extent, I);
-    else reduce_3d<P>(cur.data(), next.data(), O, runs[k].extent, I);
-    cur = std::move(next);
-    first = false;
+    blocks.push_back({O, runs[k].extent, I});
     runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(k));
     if (k > 0 && k < runs.size()) {
       runs[k - 1].extent *= runs[k].extent;
       runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(k));
     }
+  }
+  return blocks;
+}
+
+template <class P, class T>
+std::vector<typename P::acc> reduce_runs(const T* x, const std::vector<run>& runs) {
+  std::vector<typename P::acc> cur;
+  bool first = true;
+  for (const auto& [O, R, I] : passes(runs)) {
+    std::vector<typename P::acc> next(static_cast<std::size_t>(O * I));
+    if (first) reduce_3d<P>(x, next.data(), O, R, I);
+    else reduce_3d<P>(cur.data(), next.data(), O, R, I);
+    cur = std::move(next);
+    first = false;
   }
   return cur;
 }
@@ -279,11 +296,34 @@ inline std::vector<bool> axis_mask(const Shape& shape, const std::optional<std::
   return mask;
 }
 
-enum class kind { sum, mean, max, min };
+using jit::Reduction;
+
+// The size of kernels/reduce.cuh's accumulator of reduction r of `in`: a
+// (value, index) pair for argmax, the value for max and min, a double or a
+// 64-bit integer for sums.
+inline i64 gpu_acc_bytes(Reduction r, DType in) {
+  if (r == Reduction::argmax) return 16;
+  if (r == Reduction::max || r == Reduction::min) return static_cast<i64>(size_of(in));
+  return 8;
+}
+
+// A reduction of the contiguous xc into out on xc's GPU, in the passes the
+// CPU would make (jit/cuda_reduce.hpp plans the launches).
+inline void push_gpu_reduction(Reduction r, std::string_view op, const Tensor& xc, const Tensor& out,
+                               const std::vector<std::array<i64, 3>>& blocks) {
+  backend::cuda::Gpu& gpu = backend::cuda::gpu(xc.device().id);
+  auto plan = std::make_shared<const jit::ReducePlan>(
+      jit::plan_reduce(blocks, gpu_acc_bytes(r, xc.dtype()), gpu.info().multiprocessors));
+  const Tensor scratch({std::max<i64>(plan->scratch_bytes, 1)}, DType::uint8, xc.device());
+  push_op_on(xc.device(), op, {xc}, {out},
+             [xc, out, scratch, plan, op, launch = jit::cuda_reduce_launcher(r, xc.dtype(), gpu)] {
+               launch(backend::cuda::gpu(xc.device().id), *plan, xc.raw_data(), out.raw_data(), scratch.raw_data(), op);
+             });
+}
 
 // Reduces the contiguous tensor xc, whose dims collapse to `runs`, into out;
 // `count` elements reduce into each output element.
-template <kind K>
+template <Reduction K>
 void reduce_into(const Tensor& xc, const Tensor& out, const std::vector<run>& runs, i64 count) {
   dispatch(xc.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -295,20 +335,20 @@ void reduce_into(const Tensor& xc, const Tensor& out, const std::vector<run>& ru
         for (i64 i = first; i < last; ++i) dst[i] = convert(values[static_cast<std::size_t>(i)]);
       });
     };
-    if constexpr (K == kind::sum) {
+    if constexpr (K == Reduction::sum) {
       using Acc = std::conditional_t<std::is_floating_point_v<T>, double, std::uint64_t>;
       using O = std::conditional_t<std::is_floating_point_v<T>, T, std::int64_t>;
       write(reduce_runs<sum_op<Acc>>(p, runs), [](Acc v) { return static_cast<O>(v); });
-    } else if constexpr (K == kind::mean) {
+    } else if constexpr (K == Reduction::mean) {
       const double n = static_cast<double>(count);
       write(reduce_runs<sum_op<double>>(p, runs), [n](double v) { return static_cast<floating_t<T>>(v / n); });
     } else {
-      write(reduce_runs<extreme_op<T, K == kind::max>>(p, runs), [](T v) { return v; });
+      write(reduce_runs<extreme_op<T, K == Reduction::max>>(p, runs), [](T v) { return v; });
     }
   });
 }
 
-template <kind K>
+template <Reduction K>
 Tensor reduce(const Tensor& x, const std::optional<std::vector<i64>>& axes, bool keepdims, std::string_view op) {
   x.require(op.data());
   const Shape& shape = x.shape();
@@ -321,20 +361,27 @@ Tensor reduce(const Tensor& x, const std::optional<std::vector<i64>>& axes, bool
     if (mask[d]) count *= shape[d];
   }
   const DType in = x.dtype();
-  const DType out_dtype = K == kind::sum    ? (is_floating(in) ? in : DType::int64)
-                          : K == kind::mean ? (is_floating(in) ? in : DType::float32)
+  const DType out_dtype = K == Reduction::sum    ? (is_floating(in) ? in : DType::int64)
+                          : K == Reduction::mean ? (is_floating(in) ? in : DType::float32)
                                             : in;
   if (checked_numel(out_shape, op) == 0) return Tensor(out_shape, out_dtype, x.device());
   if (count == 0) {
-    if constexpr (K == kind::sum) return zeros(out_shape, out_dtype, x.device());
-    if constexpr (K == kind::mean) return full(out_shape, std::numeric_limits<double>::quiet_NaN(), out_dtype, x.device());
+    if constexpr (K == Reduction::sum) return zeros(out_shape, out_dtype, x.device());
+    if constexpr (K == Reduction::mean) return full(out_shape, std::numeric_limits<double>::quiet_NaN(), out_dtype, x.device());
     fail<ValueError>(op, ": cannot reduce a zero-size axis of shape ", to_string(shape), " (", op,
                      " has no identity)");
   }
-  if (count == 1) return x.astype(out_dtype).view(out_shape, contiguous_strides(out_shape), 0);
+  // Nothing to reduce: a copy in the result's dtype (except on a GPU, which
+  // converts no dtypes yet: there the kernels convert).
+  if (count == 1 && (out_dtype == in || x.device().kind != DeviceKind::cuda))
+    return x.astype(out_dtype).view(out_shape, contiguous_strides(out_shape), 0);
 
   const Tensor xc = x.contiguous();
   Tensor out(out_shape, out_dtype, x.device());
+  if (x.device().kind == DeviceKind::cuda) {
+    push_gpu_reduction(K, op, xc, out, passes(collapse(shape, mask)));
+    return out;
+  }
   push_op(op, {xc}, {out}, [xc, out, runs = collapse(shape, mask), count] {
     reduce_into<K>(xc, out, runs, count);
   });
@@ -369,7 +416,7 @@ template <tensor_like X>
 Tensor sum(X&& x_in, const Axes& axes = {}, bool keepdims = false) {
   Tensor x = eval(x_in);
   autograd::op_record rec("sum", {x});
-  return rec.output(detail::reduce::reduce<detail::reduce::kind::sum>(x, axes.list(), keepdims, "sum"),
+  return rec.output(detail::reduce::reduce<detail::reduce::Reduction::sum>(x, axes.list(), keepdims, "sum"),
                     [&] { return reduce_attrs(axes, keepdims); });
 }
 
@@ -378,7 +425,7 @@ template <tensor_like X>
 Tensor mean(X&& x_in, const Axes& axes = {}, bool keepdims = false) {
   Tensor x = eval(x_in);
   autograd::op_record rec("mean", {x});
-  return rec.output(detail::reduce::reduce<detail::reduce::kind::mean>(x, axes.list(), keepdims, "mean"),
+  return rec.output(detail::reduce::reduce<detail::reduce::Reduction::mean>(x, axes.list(), keepdims, "mean"),
                     [&] { return reduce_attrs(axes, keepdims); });
 }
 
@@ -387,7 +434,7 @@ template <tensor_like X>
 Tensor max(X&& x_in, const Axes& axes = {}, bool keepdims = false) {
   Tensor x = eval(x_in);
   autograd::op_record rec("max", {x});
-  return rec.output(detail::reduce::reduce<detail::reduce::kind::max>(x, axes.list(), keepdims, "max"),
+  return rec.output(detail::reduce::reduce<detail::reduce::Reduction::max>(x, axes.list(), keepdims, "max"),
                     [&] { return reduce_attrs(axes, keepdims); });
 }
 
@@ -396,7 +443,7 @@ template <tensor_like X>
 Tensor min(X&& x_in, const Axes& axes = {}, bool keepdims = false) {
   Tensor x = eval(x_in);
   autograd::op_record rec("min", {x});
-  return rec.output(detail::reduce::reduce<detail::reduce::kind::min>(x, axes.list(), keepdims, "min"),
+  return rec.output(detail::reduce::reduce<detail::reduce::Reduction::min>(x, axes.list(), keepdims, "min"),
                     [&] { return reduce_attrs(axes, keepdims); });
 }
 
@@ -426,6 +473,10 @@ Tensor argmax(X&& x_in, std::optional<std::int64_t> axis = std::nullopt, bool ke
   if (out.size() == 0) return out;
   if (R == 0) fail<ValueError>("argmax: cannot reduce a zero-size axis of shape ", to_string(shape), " (argmax has no identity)");
   const Tensor xc = x.contiguous();
+  if (xc.device().kind == DeviceKind::cuda) {
+    detail::reduce::push_gpu_reduction(jit::Reduction::argmax, "argmax", xc, out, {{O, R, I}});
+    return out;
+  }
   push_op("argmax", {xc}, {out}, [xc, out, O, R, I] {
     dispatch(xc.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;

@@ -3,7 +3,8 @@
 // subtracted before exp, so no exp overflows (inputs of 1000 are fine), and
 // log_softmax is x - max - log(sum(exp(x - max))) rather than log(softmax),
 // which would turn underflowed probabilities into -inf. The exp sums
-// accumulate in double. Integer inputs are computed in float32.
+// accumulate in double. Integer inputs are computed in float32. On a GPU the
+// same steps are kernels/softmax.cuh's.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -104,6 +105,14 @@ Tensor run(Tensor x, std::int64_t axis, std::string_view op) {
   for (std::size_t d = 0; d < as_1d.size(); ++d) {
     if (d < ax) O *= as_1d[d];
     if (d > ax) I *= as_1d[d];
+  }
+  if (x.device().kind == DeviceKind::cuda) {
+    push_op_on(x.device(), op, {x}, {out},
+               [x, out, O, R = as_1d[ax], I, op,
+                launch = jit::cuda_softmax_launcher(Log, x.dtype(), backend::cuda::gpu(x.device().id))] {
+                 launch(backend::cuda::gpu(x.device().id), x.raw_data(), out.raw_data(), O, R, I, op);
+               });
+    return out;
   }
   push_op(op, {x}, {out}, [x, out, O, R = as_1d[ax], I] {
     dispatch(x.dtype(), [&](auto tag) {

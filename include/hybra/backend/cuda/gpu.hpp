@@ -79,8 +79,12 @@ class Gpu {
     if (n <= 0) return;
     const std::int64_t wanted = (n + threads_per_block - 1) / threads_per_block;
     const std::int64_t cap = std::max(1, info_.multiprocessors) * std::int64_t{32};
-    const auto blocks = static_cast<unsigned>(std::min(wanted, cap));
-    cu_.check(cu_.cuLaunchKernel(f, blocks, 1, 1, threads_per_block, 1, 1, 0, stream_, args, nullptr),
+    launch_grid(f, static_cast<unsigned>(std::min(wanted, cap)), threads_per_block, args, what);
+  }
+
+  // Launches a kernel of `blocks` blocks of `threads` threads on the stream.
+  void launch_grid(CUfunction f, unsigned blocks, unsigned threads, void** args, std::string_view what) {
+    cu_.check(cu_.cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, 0, stream_, args, nullptr),
               hybra::detail::concat("cuLaunchKernel (", what, ")"));
   }
 

@@ -1,0 +1,147 @@
+#pragma once
+// Reductions on a GPU: one step reduces the middle axis of a contiguous
+// (O, R, I) block, or a piece of it, as include/hybra/ops/reduce.hpp does on
+// the CPU, and include/hybra/jit/cuda_reduce.hpp plans the steps of a whole
+// reduction and launches them.
+//
+// A policy says how values become accumulators (load: the element and its
+// index along the reduced axis), how two accumulators combine, and what an
+// accumulator finally is (finish). Every combine is commutative, ties in
+// argmax included (the lower index wins), so threads may combine in any
+// order and a result does not depend on the launch's shape, except for the
+// rounding of sums, which accumulate in double (floats) or modulo 2^64
+// (integers) as on the CPU.
+//
+// NVRTC compiles this file with the op's types (jit/cuda_reduce.hpp writes
+// the __global__ entries); nvcc could include it too; and tests run it on the
+// CPU with threads standing in for a block's (tests/unit/simt.hpp), since
+// nothing here is more than C++ with CUDA's thread indices, __shared__ and
+// __syncthreads.
+
+namespace hybra::kernels {
+
+// The most threads a block of these kernels has: the size of their
+// __shared__ buffers.
+constexpr unsigned max_block_threads = 256;
+
+template <class Acc>
+struct reduce_sum {
+  using acc = Acc;
+  template <class In>
+  __device__ static Acc load(In v, long long) { return static_cast<Acc>(v); }
+  __device__ static Acc combine(Acc a, Acc b) { return a + b; }
+  template <class Out>
+  __device__ static Out finish(Acc a, long long) { return static_cast<Out>(a); }
+};
+
+struct reduce_mean : reduce_sum<double> {
+  template <class Out>
+  __device__ static Out finish(double a, long long count) { return static_cast<Out>(a / static_cast<double>(count)); }
+};
+
+// NaN wins, so that max and min propagate it as NumPy's do.
+template <class T, bool Max>
+struct reduce_extreme {
+  using acc = T;
+  template <class In>
+  __device__ static T load(In v, long long) { return v; }
+  __device__ static T combine(T a, T b) {
+    if (a != a) return a;
+    if (Max) return (b > a || b != b) ? b : a;
+    return (b < a || b != b) ? b : a;
+  }
+  template <class Out>
+  __device__ static Out finish(T a, long long) { return a; }
+};
+
+template <class T>
+struct arg_entry {
+  T value;
+  long long index;
+};
+
+// The first index of the maximum; a NaN counts as more than any number.
+template <class T>
+struct reduce_argmax {
+  using acc = arg_entry<T>;
+  __device__ static bool beats(T v, T w) { return v > w || (v != v && w == w); }
+  template <class In>
+  __device__ static acc load(In v, long long r) { return {v, r}; }
+  __device__ static acc combine(acc a, acc b) {
+    if (beats(a.value, b.value)) return a;
+    if (beats(b.value, a.value)) return b;
+    return b.index < a.index ? b : a;
+  }
+  template <class Out>
+  __device__ static Out finish(acc a, long long) { return a.index; }
+};
+
+// An accumulator from an element of x: the input itself, or (FromAcc) an
+// accumulator an earlier step wrote.
+template <class P, bool FromAcc, class In>
+__device__ typename P::acc load_at(const In* x, long long i, long long r) {
+  if constexpr (FromAcc) return x[i];
+  else return P::template load<In>(x[i], r);
+}
+
+// The accumulator for a piece, written where its step puts it: as an
+// accumulator for a later step (ToAcc), or finished into the result.
+template <class P, bool ToAcc, class Out>
+__device__ void store_at(Out* out, long long i, typename P::acc a, long long count) {
+  if constexpr (ToAcc) out[i] = a;
+  else out[i] = P::template finish<Out>(a, count);
+}
+
+// Combines buf[0 .. active) into buf[0]; every thread of the block calls it.
+template <class P>
+__device__ void block_combine(typename P::acc* buf, unsigned active) {
+  unsigned width = 1;
+  while (width < active) width *= 2;
+  for (unsigned s = width / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s && threadIdx.x + s < active) buf[threadIdx.x] = P::combine(buf[threadIdx.x], buf[threadIdx.x + s]);
+    __syncthreads();
+  }
+}
+
+// I == 1: x is (O, R); each of the O * pieces blocks' worth of work (grid
+// stride) is one piece of len elements of one row, reduced by the whole
+// block; out is (O, pieces).
+template <class P, class In, class Out, bool FromAcc, bool ToAcc>
+__device__ void reduce_rows(const In* x, Out* out, long long O, long long R, long long len, long long count) {
+  __shared__ typename P::acc buf[max_block_threads];
+  const long long pieces = (R + len - 1) / len;
+  const unsigned t = threadIdx.x;
+  for (long long b = blockIdx.x; b < O * pieces; b += gridDim.x) {
+    const long long o = b / pieces, r0 = (b % pieces) * len, r1 = r0 + len < R ? r0 + len : R;
+    const unsigned active = r1 - r0 < blockDim.x ? static_cast<unsigned>(r1 - r0) : blockDim.x;
+    if (t < active) {
+      typename P::acc a = load_at<P, FromAcc>(x, o * R + r0 + t, r0 + t);
+      for (long long r = r0 + t + blockDim.x; r < r1; r += blockDim.x) a = P::combine(a, load_at<P, FromAcc>(x, o * R + r, r));
+      buf[t] = a;
+    }
+    __syncthreads();
+    block_combine<P>(buf, active);
+    if (t == 0) store_at<P, ToAcc>(out, b, buf[0], count);
+    __syncthreads();
+  }
+}
+
+// I > 1: x is (O, R, I); each thread reduces one column j of one piece of
+// len rows (consecutive threads read consecutive columns); out is
+// (O, pieces, I).
+template <class P, class In, class Out, bool FromAcc, bool ToAcc>
+__device__ void reduce_columns(const In* x, Out* out, long long O, long long R, long long I, long long len,
+                               long long count) {
+  const long long pieces = (R + len - 1) / len, total = O * pieces * I;
+  const long long stride = static_cast<long long>(blockDim.x) * gridDim.x;
+  for (long long k = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; k < total; k += stride) {
+    const long long j = k % I, c = k / I % pieces, o = k / I / pieces;
+    const long long r0 = c * len, r1 = r0 + len < R ? r0 + len : R;
+    const In* column = x + o * R * I + j;
+    typename P::acc a = load_at<P, FromAcc>(column, r0 * I, r0);
+    for (long long r = r0 + 1; r < r1; ++r) a = P::combine(a, load_at<P, FromAcc>(column, r * I, r));
+    store_at<P, ToAcc>(out, k, a, count);
+  }
+}
+
+}  // namespace hybra::kernels
