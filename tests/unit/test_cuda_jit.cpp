@@ -5,6 +5,7 @@
 // of the table generated as CUDA and compiled for sm_90.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -217,8 +218,27 @@ TEST_CASE("cuda: a fused program is one kernel, named by its body, with its cons
   const std::string ptx = jit::cuda_ptx(jit::cuda_program({k}), "relu_fma.cu", "compute_90", cache);
   CHECK(ptx.find(".entry " + k.name) != std::string::npos);
   CHECK(ptx.find("0f40200000") != std::string::npos);  // 2.5f, inlined by the compiler
+  // Infinities and NaN have no literal (an optimiser's default clipping is to ±inf): written by their bits.
+  for (double special : {-HUGE_VAL, HUGE_VAL, std::nan("")}) {
+    p.constants[0].real = special;
+    const jit::CudaKernel clipped = jit::cuda_elementwise_kernel(p);
+    CHECK(clipped.definition.find("__longlong_as_double(0x") != std::string::npos);
+    CHECK(jit::cuda_ptx(jit::cuda_program({clipped}), "special.cu", "compute_90", cache).find(".entry " + clipped.name) !=
+          std::string::npos);
+  }
   p.code[0].op = 999;
   CHECK_THROWS_WITH_AS(jit::cuda_elementwise_kernel(p), doctest::Contains("op #999"), ValueError);
+}
+
+TEST_CASE("cuda: a conversion between every pair of dtypes compiles to a CUDA kernel for sm_90") {
+  const DType dtypes[] = {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8};
+  std::vector<jit::CudaKernel> kernels;
+  for (DType from : dtypes)
+    for (DType to : dtypes)
+      if (from != to) kernels.push_back(jit::cuda_convert_kernel(from, to));
+  const std::string ptx = jit::cuda_ptx(jit::cuda_program(kernels), "conversions.cu");
+  for (const auto& k : kernels) CHECK(ptx.find(".entry " + k.name) != std::string::npos);
+  CHECK(kernels.size() == 20);
 }
 
 TEST_CASE("cuda: a broadcast operand or a view is read through its strides, which are constants of the kernel") {

@@ -200,6 +200,59 @@ TEST_SUITE("gpu" * doctest::skip()) {
       }
   }
 
+  TEST_CASE("gpu: converting between every pair of dtypes on cuda(0) gives the CPU's values") {
+    if (!gpu_present()) return;
+    const DType dtypes[] = {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8};
+    seed(5);
+    const Tensor values = random_uniform({3, 1000}, 0, 250, DType::float64);  // every dtype holds them
+    for (DType from : dtypes)
+      for (DType to : dtypes) {
+        CAPTURE(name(from));
+        CAPTURE(name(to));
+        const Tensor x = values.astype(from), on_gpu = x.to(cuda(0));
+        CHECK(on_gpu.astype(to).to_vector<double>() == x.astype(to).to_vector<double>());
+        CHECK(transpose(on_gpu).astype(to).to_vector<double>() == transpose(x).astype(to).to_vector<double>());
+      }
+  }
+
+  TEST_CASE("gpu: an MLP trained on cuda(0), eager and hybridized, ends with the CPU's weights") {
+    if (!gpu_present()) return;
+    seed(3);
+    const Tensor X = random_normal({64, 20}, 0, 1), y = random_uniform({64}, 0, 10).astype(DType::int32).astype(DType::float32);
+    auto train = [&](Device d, bool hybridized) {
+      nn::HybridSequential net;
+      net.add(nn::Dense(32, "relu"), nn::Dense(10));
+      net.initialize(nn::init::Xavier(), d);
+      if (hybridized) net.hybridize();
+      Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}});
+      nn::SoftmaxCrossEntropyLoss loss_fn;
+      const Tensor Xd = X.to(d), yd = y.to(d);
+      seed(8);  // the weights are drawn at the first call, on the host, for either device
+      for (int step = 0; step < 5; ++step) {
+        Tensor loss;
+        {
+          autograd::record rec;
+          loss = loss_fn(net(Xd), yd);
+        }
+        loss.backward();
+        trainer.step(64);
+      }
+      std::vector<std::vector<float>> weights;
+      for (const auto& p : net.collect_params()) weights.push_back(p.data().to_vector<float>());
+      return weights;
+    };
+    const auto want = train(cpu(), false);
+    for (bool hybridized : {false, true}) {
+      CAPTURE(hybridized);
+      const auto got = train(cuda(0), hybridized);
+      REQUIRE(got.size() == want.size());
+      int wrong = 0;
+      for (std::size_t k = 0; k < got.size(); ++k)
+        for (std::size_t i = 0; i < got[k].size(); ++i) wrong += !(std::abs(got[k][i] - want[k][i]) <= 1e-4);
+      CHECK(wrong == 0);
+    }
+  }
+
   TEST_CASE("gpu: freed memory is reused, and running out is an OutOfMemory naming the GPU") {
     if (!gpu_present()) return;
     auto& memory = backend::cuda::gpu(0).memory();

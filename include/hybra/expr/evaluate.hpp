@@ -195,9 +195,13 @@ void push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& out);
 
 inline void copy_into(const Tensor& src, const Tensor& dst);
 
+// Queues converting src into dst, both contiguous on one GPU (defined by jit/cuda_eager.hpp).
+inline void push_convert_cuda(const Tensor& src, const Tensor& dst);
+
 // Queues a copy to, from or between GPUs: bytes moved on the GPU's stream
-// (from the host through pinned staging). The GPU's side must be contiguous
-// and in the destination's dtype; the host's side is made so on the host.
+// (from the host through pinned staging). The host's side is made contiguous
+// and converted on the host; on a GPU a view is gathered, and a dtype
+// converted, by a kernel.
 inline void copy_with_gpu(const Tensor& src, const Tensor& dst) {
   const Device gpu = dst.device().kind == DeviceKind::cuda ? dst.device() : src.device();
   if (src.device().kind != DeviceKind::cuda && (!src.is_contiguous() || src.dtype() != dst.dtype())) {
@@ -218,9 +222,18 @@ inline void copy_with_gpu(const Tensor& src, const Tensor& dst) {
     copy_with_gpu(src, gathered);
     return copy_with_gpu(gathered, dst);
   }
-  if (src.dtype() != dst.dtype())
-    fail<DTypeError>("copy from ", src.device(), " to ", dst.device(), ": converting ", name(src.dtype()), " to ",
-                     name(dst.dtype()), " is not done on a GPU yet; convert with astype on the CPU");
+  if (src.dtype() != dst.dtype()) {
+    // Both sides are on GPUs: src (gathered first if it is a view) is converted on its GPU by a kernel.
+    if (!src.is_contiguous()) {
+      Tensor gathered(src.shape(), src.dtype(), src.device());
+      copy_with_gpu(src, gathered);
+      return copy_with_gpu(gathered, dst);
+    }
+    if (src.device() == dst.device() && dst.is_contiguous()) return push_convert_cuda(src, dst);
+    Tensor converted(src.shape(), dst.dtype(), src.device());
+    push_convert_cuda(src, converted);
+    return copy_with_gpu(converted, dst);
+  }
   if (!src.is_contiguous() || !dst.is_contiguous())
     fail<DeviceError>("copy from ", src.device(), " to ", dst.device(), ": a view of shape ",
                       to_string(src.is_contiguous() ? dst.shape() : src.shape()), " on ", gpu,

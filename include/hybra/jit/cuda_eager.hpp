@@ -5,7 +5,9 @@
 // the type alone: jit::fused_program) becomes CUDA source, NVRTC compiles it
 // (through the kernel cache: memory, then disk), and the PTX is loaded into
 // the GPU; each evaluation is then one launch on the GPU's stream. A compile
-// error is thrown by the call that needed the kernel.
+// error is thrown by the call that needed the kernel. A dtype conversion
+// (astype, a copy into another dtype) is likewise one kernel per pair of
+// dtypes.
 #include <map>
 #include <mutex>
 #include <string>
@@ -84,6 +86,20 @@ inline void push_fused_program_cuda(std::string_view name, CudaExpressionKernels
     for (void*& p : pointers) args.push_back(&p);
     args.push_back(&n);
     g.launch(g.function(kernel->ptx, kernel->kernel), n, args.data(), name);
+  });
+}
+
+inline void push_convert_cuda(const Tensor& src, const Tensor& dst) {
+  const jit::CudaKernel k = jit::cuda_convert_kernel(src.dtype(), dst.dtype());
+  const std::string& ptx =
+      jit::program_ptx(jit::cuda_program({k}), k.name, backend::cuda::gpu(dst.device().id).arch());
+  push_op_on(dst.device(), "astype", {src}, {dst}, [src, dst, &ptx, kernel = k.name] {
+    backend::cuda::Gpu& g = backend::cuda::gpu(dst.device().id);
+    void* in = src.raw_data();
+    void* out = dst.raw_data();
+    long long n = dst.size();
+    void* args[] = {&in, &out, &n};
+    g.launch(g.function(ptx, kernel), n, args, "astype");
   });
 }
 

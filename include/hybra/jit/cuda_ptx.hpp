@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "../backend/cuda/nvrtc.hpp"
@@ -61,6 +63,17 @@ inline std::string cuda_ptx(const std::string& source, const std::string& name, 
   return cache.get(key, [&] {
     return compiler.compile_ptx(source, name, arch, {"-I" + hybra_include_dir(), "-I" + kernels_parent_dir()});
   });
+}
+
+// cuda_ptx for a program named `name` (unique to its source), kept for the
+// process: the reference stays valid, so engine ops may hold it.
+inline const std::string& program_ptx(const std::string& source, const std::string& name, const std::string& arch) {
+  static std::mutex mutex;
+  static auto& compiled = *new std::map<std::string, std::string>;  // ops still queued at exit may use it
+  std::lock_guard g(mutex);
+  auto it = compiled.find(name + '\n' + arch);
+  if (it == compiled.end()) it = compiled.emplace(name + '\n' + arch, cuda_ptx(source, name + ".cu", arch)).first;
+  return it->second;
 }
 
 }  // namespace hybra::jit

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <span>
 #include <string>
@@ -184,25 +183,12 @@ inline std::string cuda_softmax_program(bool log, DType t) {
                         ">(x, y, O, R, I);\n}\n");
 }
 
-namespace detail {
-// A program's PTX for a GPU's architecture, compiled at most once per
-// process (then from the kernel cache's memory) and kept for the process.
-inline const std::string& program_ptx(const std::string& source, const std::string& name, const std::string& arch) {
-  static std::mutex mutex;
-  static auto& compiled = *new std::map<std::string, std::string>;  // queued ops may use it at exit
-  std::lock_guard g(mutex);
-  auto it = compiled.find(name + '\n' + arch);
-  if (it == compiled.end()) it = compiled.emplace(name + '\n' + arch, cuda_ptx(source, name + ".cu", arch)).first;
-  return it->second;
-}
-}  // namespace detail
-
 // Compiles the reduction's program for the GPU (at the call, so that a
 // compile error is the caller's) and returns the closure's work: the plan's
 // launches on the GPU's stream. x and out are contiguous; scratch holds at
 // least plan.scratch_bytes.
 inline auto cuda_reduce_launcher(Reduction r, DType in, backend::cuda::Gpu& gpu) {
-  const std::string& ptx = detail::program_ptx(
+  const std::string& ptx = program_ptx(
       cuda_reduce_program(r, in), hybra::detail::concat("hybra_", detail::reduction_name(r), '_', name(in)), gpu.arch());
   return [&ptx, r, in](backend::cuda::Gpu& g, const ReducePlan& plan, const void* x, void* out, void* scratch,
                        std::string_view what) {
@@ -235,7 +221,7 @@ inline SoftmaxLaunch plan_softmax(std::int64_t O, std::int64_t R, std::int64_t I
 // softmax (or log_softmax) of the contiguous (O, R, I) block x into y, on
 // the GPU's stream; the program is compiled at the call.
 inline auto cuda_softmax_launcher(bool log, DType t, backend::cuda::Gpu& gpu) {
-  const std::string& ptx = detail::program_ptx(
+  const std::string& ptx = program_ptx(
       cuda_softmax_program(log, t), hybra::detail::concat("hybra_", log ? "log_softmax_" : "softmax_", name(t)),
       gpu.arch());
   return [&ptx, log, t](backend::cuda::Gpu& g, const void* x, void* y, std::int64_t O, std::int64_t R, std::int64_t I,

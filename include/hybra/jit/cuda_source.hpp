@@ -10,6 +10,8 @@
 // same source, and so one compile for the kernel cache (kernel_cache.hpp).
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cmath>
 #include <cstdio>
 #include <span>
 #include <string>
@@ -52,10 +54,13 @@ inline const auto& elementwise_op_table() {
   return table;
 }
 
-// A constant as a literal of the program's type, exactly: floats in hex.
+// A constant as a literal of the program's type, exactly: floats in hex, and
+// infinities and NaNs (which have no literal) by their bits.
 inline std::string cuda_literal(const backend::cpu::FusedProgram::Constant& c, DType d) {
   char text[64];
-  if (is_floating(d))
+  if (is_floating(d) && !std::isfinite(c.real))
+    std::snprintf(text, sizeof text, "__longlong_as_double(0x%016llxLL)", std::bit_cast<unsigned long long>(c.real));
+  else if (is_floating(d))
     std::snprintf(text, sizeof text, "%a", c.real);
   else
     std::snprintf(text, sizeof text, "%lldLL", static_cast<long long>(c.integer));
@@ -128,6 +133,20 @@ inline CudaKernel cuda_elementwise_kernel(const backend::cpu::FusedProgram& p, c
                  "  const long long stride = static_cast<long long>(blockDim.x) * gridDim.x;\n" +
                  "  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n; i += stride) {\n" +
                  body + "  }\n}\n";
+  return k;
+}
+
+// Converts a contiguous tensor to another dtype, each element by a C++
+// conversion, as astype does on the CPU (so a value the new dtype cannot
+// hold converts as C++ leaves undefined, and may differ between devices).
+inline CudaKernel cuda_convert_kernel(DType from, DType to) {
+  CudaKernel k;
+  k.name = "hybra_convert_" + std::string(name(from)) + "_to_" + std::string(name(to));
+  k.definition = "extern \"C\" __global__ void " + k.name + "(const " + std::string(cuda_type(from)) +
+                 "* __restrict__ in, " + std::string(cuda_type(to)) + "* __restrict__ out, long long n) {\n" +
+                 "  const long long stride = static_cast<long long>(blockDim.x) * gridDim.x;\n" +
+                 "  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n; i += stride)\n" +
+                 "    out[i] = static_cast<" + std::string(cuda_type(to)) + ">(in[i]);\n}\n";
   return k;
 }
 
