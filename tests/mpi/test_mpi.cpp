@@ -9,8 +9,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -143,6 +145,28 @@ void test_errors() {
   CHECK(t.to_vector<float>() == std::vector<float>{0, 0});
 }
 
+// Run by ctest's mpi_gpu_nccl and mpi_gpu_staged, on the stand-in driver's
+// GPUs (whose memory is host memory, so copies and sums compute): tensors on
+// cuda(0) summed and broadcast across the processes, by NCCL unless
+// HYBRA_NCCL=0 turns it off.
+void test_gpu_tensors(const mpi::Communicator& world) {
+  if (backend::cuda::driver_status().gpus.empty()) return;
+  const char* nccl = std::getenv("HYBRA_NCCL");
+  CHECK(backend::cuda::nccl_available() == !(nccl && std::string_view(nccl) == "0"));
+  for (DType dtype : {DType::float32, DType::int64, DType::uint8}) {
+    Tensor t = contribution(world.rank(), 1000, dtype, cpu()).to(cuda(0));
+    world.allreduce(t);
+    CHECK(t.device() == cuda(0));
+    CHECK(t.to_vector<double>() == expected_sum(world.size(), 1000, dtype));
+  }
+  Tensor weights = contribution(world.rank(), 50, DType::float64, cpu()).to(cuda(0));
+  world.broadcast(weights, 1);
+  CHECK(weights.to_vector<double>() == contribution(1, 50, DType::float64, cpu()).to_vector<double>());
+  if (world.rank() == 0)
+    std::cout << "test_mpi: GPU tensors summed " << (backend::cuda::nccl_available() ? "by NCCL" : "through the host")
+              << '\n';
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,6 +188,7 @@ int main(int argc, char** argv) {
   test_collectives_keep_their_order(world);
   test_broadcast(world);
   test_errors();
+  test_gpu_tensors(world);
   world.barrier();
   if (failures == 0 && world.rank() == 0) std::cout << "test_mpi: " << world.size() << " processes, all checks passed\n";
   return failures == 0 ? 0 : 1;

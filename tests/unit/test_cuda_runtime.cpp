@@ -26,7 +26,7 @@ using namespace hybra;
 
 namespace {
 
-// The stand-in's test hooks (tests/fake_cuda/fake_driver.cpp).
+// The stand-ins' test hooks (tests/fake_cuda/).
 struct FakeDriver {
   void* handle = ::dlopen(std::getenv("HYBRA_CUDA_DRIVER"), RTLD_NOW | RTLD_NOLOAD);
   template <class F>
@@ -40,12 +40,19 @@ struct FakeDriver {
   std::string last_launch() const { return hook<const char* (*)()>("hybra_fake_cuda_last_launch")(); }
   void fail_next_sync(int error) const { hook<void (*)(int)>("hybra_fake_cuda_fail_next_sync")(error); }
   template <class F>
-  F cublas_hook(const char* name) const {
-    void* lib = ::dlopen(std::getenv("HYBRA_CUBLAS"), RTLD_NOW | RTLD_NOLOAD);
+  F library_hook(const char* env, const char* name) const {
+    void* lib = ::dlopen(std::getenv(env), RTLD_NOW | RTLD_NOLOAD);
     REQUIRE(lib);
     void* f = ::dlsym(lib, name);
     REQUIRE(f != nullptr);
     return reinterpret_cast<F>(f);
+  }
+  template <class F>
+  F cublas_hook(const char* name) const {
+    return library_hook<F>("HYBRA_CUBLAS", name);
+  }
+  long nccl_calls(const char* call) const {
+    return library_hook<long (*)(const char*)>("HYBRA_NCCL", "hybra_fake_nccl_calls")(call);
   }
 };
 
@@ -376,12 +383,48 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(fake.calls("cuLaunchKernel") == launches + 1);
     CHECK(fake.last_launch() == "hybra_convert_float32_to_float64");
     Tensor labels = transpose(a).astype(DType::int32);
+    waitall();
+    CHECK(labels.shape() == Shape{3, 4});
+    CHECK(fake.calls("cuLaunchKernel") == launches + 3);  // gather, convert
     Tensor moved(Shape{4, 3}, DType::uint8, cuda(1));
     moved.assign(a);  // converted on cuda(0), then copied
     waitall();
-    CHECK(labels.shape() == Shape{3, 4});
-    CHECK(fake.calls("cuLaunchKernel") == launches + 4);  // gather + convert, then convert
+    CHECK(fake.calls("cuLaunchKernel") == launches + 4);
     CHECK(fake.last_launch() == "hybra_convert_float32_to_uint8");
+  }
+
+  TEST_CASE("cuda fake: allreduce over GPUs is one NCCL group; two GPUs train a data-parallel MLP") {
+    FakeDriver fake;
+    REQUIRE(backend::cuda::nccl_available());  // loads it
+    Tensor a = array<float>({1, 2, 3}, {3}, cuda(0)), b = array<float>({10, 20, 30}, {3}, cuda(1));
+    const long groups = fake.nccl_calls("ncclGroupEnd"), reduces = fake.nccl_calls("ncclAllReduce");
+    std::vector<Tensor> both{a, b};
+    allreduce(both);
+    waitall();
+    CHECK(a.to_vector<float>() == std::vector<float>{11, 22, 33});
+    CHECK(b.to_vector<float>() == std::vector<float>{11, 22, 33});
+    CHECK(fake.nccl_calls("ncclGroupEnd") == groups + 1);
+    CHECK(fake.nccl_calls("ncclAllReduce") == reduces + 2);
+    CHECK(fake.nccl_calls("ncclCommInitAll") == 1);  // the communicators of (cuda(0), cuda(1)), kept
+
+    const std::vector<Device> gpus{cuda(0), cuda(1)};
+    nn::HybridSequential net;
+    net.add(nn::Dense(8, "relu"), nn::Dense(3));
+    net.initialize(nn::init::Xavier(), gpus);
+    Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}});
+    const nn::SoftmaxCrossEntropyLoss loss_fn;
+    const Tensor X = ones({8, 5}), y = zeros({8}, DType::int32);
+    auto Xs = split_and_load(X, gpus), ys = split_and_load(y, gpus);
+    std::vector<Tensor> losses;
+    {
+      autograd::record rec;
+      for (std::size_t k = 0; k < Xs.size(); ++k) losses.push_back(loss_fn(net(Xs[k]), ys[k]));
+    }
+    for (auto& l : losses) l.backward();
+    trainer.step(8);
+    waitall();
+    CHECK(fake.nccl_calls("ncclGroupEnd") == groups + 1 + 4);  // one group per parameter
+    CHECK(fake.nccl_calls("ncclCommInitAll") == 1);
   }
 
   TEST_CASE("cuda fake: what does not run on a GPU yet is refused by name") {

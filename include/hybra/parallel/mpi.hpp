@@ -24,10 +24,13 @@
 #include <climits>
 #include <cstdint>
 #include <exception>
+#include <map>
+#include <mutex>
 #include <span>
 #include <string_view>
 #include <utility>
 
+#include "../backend/cuda/nccl.hpp"
 #include "../expr/evaluate.hpp"
 
 namespace hybra::mpi {
@@ -178,7 +181,10 @@ class Communicator {
     });
   }
   Communicator(Communicator&& other) noexcept
-      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)), rank_(other.rank_), size_(other.size_) {}
+      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
+        nccl_comms_(std::move(other.nccl_comms_)),
+        rank_(other.rank_),
+        size_(other.size_) {}
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
   Communicator& operator=(Communicator&&) = delete;
@@ -210,9 +216,18 @@ class Communicator {
 
   // Sums t in place over the processes: afterwards every process's t holds
   // the elementwise sum of all of them. Every process passes a tensor of the
-  // same shape and dtype. Queued; ordered after t's pending writes.
+  // same shape and dtype. Queued; ordered after t's pending writes. A tensor
+  // on a GPU is summed by NCCL, over one communicator per GPU id that every
+  // process makes at its first allreduce on that id (so every process sums
+  // on GPUs of the same ids); without NCCL it goes through the host.
   void allreduce(const Tensor& t) const {
     require_open("allreduce");
+    if (t.require("allreduce").device().kind == DeviceKind::cuda) {
+      if (backend::cuda::nccl_available()) return nccl_allreduce(t);
+      const Tensor staged = t.to(cpu());
+      allreduce(staged);
+      return staged.copy_to(t);
+    }
     const Tensor buffer = contiguous_buffer(t, "allreduce");
     const MPI_Datatype type = detail::datatype(t.dtype());
     push_op("MPI_Allreduce", {buffer}, {buffer, detail::sequence()}, [comm = comm_, buffer, type] {
@@ -235,6 +250,11 @@ class Communicator {
     if (root < 0 || root >= size_)
       fail<ValueError>("mpi broadcast: root ", root, " is out of range for ", size_, " processes (tensor of shape ",
                        to_string(t.require("broadcast").shape()), ")");
+    if (t.device().kind == DeviceKind::cuda) {  // through the host
+      const Tensor staged = t.to(cpu());
+      broadcast(staged, root);
+      return staged.copy_to(t);
+    }
     const Tensor buffer = contiguous_buffer(t, "broadcast");
     const MPI_Datatype type = detail::datatype(t.dtype());
     push_op("MPI_Bcast", {buffer}, {buffer, detail::sequence()}, [comm = comm_, buffer, type, root] {
@@ -254,7 +274,42 @@ class Communicator {
   // contiguous copy, copied back after the collective.
   static Tensor contiguous_buffer(const Tensor& t, const char* op) { return t.require(op).contiguous(); }
 
+  // This process's NCCL communicator on GPU `id`, made collectively at the
+  // first call for that id: rank 0's NCCL id reaches the others by MPI_Bcast,
+  // then every process joins with ncclCommInitRank, in the MPI order.
+  backend::cuda::ncclComm_t nccl_communicator(int id) const {
+    std::lock_guard g(nccl_mutex_);
+    if (auto it = nccl_comms_.find(id); it != nccl_comms_.end()) return it->second;
+    backend::cuda::ncclComm_t made = nullptr;
+    detail::run_now("ncclCommInitRank", [&] {
+      const auto& n = backend::cuda::nccl();
+      backend::cuda::ncclUniqueId unique{};
+      if (rank_ == 0) n.check(n.get_unique_id(&unique), "ncclGetUniqueId");
+      detail::check(MPI_Bcast(&unique, sizeof unique, MPI_BYTE, 0, comm_), "MPI_Bcast (the NCCL id)");
+      backend::cuda::gpu(id).bind();
+      n.check(n.comm_init_rank(&made, size_, unique, rank_), "ncclCommInitRank");
+    });
+    return nccl_comms_.emplace(id, made).first->second;
+  }
+
+  void nccl_allreduce(const Tensor& t) const {
+    const Tensor buffer = contiguous_buffer(t, "allreduce");
+    const backend::cuda::ncclComm_t comm = nccl_communicator(t.device().id);
+    push_op_on(t.device(), "ncclAllReduce", {buffer}, {buffer, detail::sequence()}, [buffer, comm] {
+      const auto& n = backend::cuda::nccl();
+      n.check(n.all_reduce(buffer.raw_data(), buffer.raw_data(), static_cast<std::size_t>(buffer.size()),
+                           backend::cuda::Nccl::datatype(buffer.dtype()), backend::cuda::Nccl::sum, comm,
+                           backend::cuda::gpu(buffer.device().id).stream()),
+              "ncclAllReduce");
+    });
+    if (buffer.storage() != t.storage()) buffer.copy_to(t);
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
+  mutable std::mutex nccl_mutex_;
+  // By GPU id. Never destroyed: ncclCommDestroy would have to wait for work
+  // the engine may still have queued when the communicator goes.
+  mutable std::map<int, backend::cuda::ncclComm_t> nccl_comms_;
   int rank_ = 0;
   int size_ = 0;
 };
