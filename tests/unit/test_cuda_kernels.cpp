@@ -7,7 +7,7 @@
 
 #include <cmath>
 #include <cstddef>
-#include <hybra/hybra.hpp>
+#include <hybra/eager.hpp>
 #include <string>
 #include <type_traits>
 #include <vector>
