@@ -2,9 +2,11 @@
 // (one NVRTC-compiled kernel: two reads and a write per element) against the
 // device-to-device copy bandwidth measured in the same run, the round trip
 // of one small eager expression, GEMM 4096^3 through hybra against cuBLAS
-// called directly, the chapter's MLP eager at batch 1, and the first
-// use of an expression's kernel in a process (an NVRTC compile, or a hit in
-// the kernel cache's disk half when HYBRA_KERNEL_CACHE_DIR already holds it).
+// called directly, the chapter's MLP eager at batch 1, a whole-tensor sum
+// and a row softmax against that bandwidth, a training step of the MLP
+// (eager and hybridized), and the first use of an expression's kernel in a
+// process (an NVRTC compile, or a hit in the kernel cache's disk half when
+// HYBRA_KERNEL_CACHE_DIR already holds it).
 //
 //   bash benchmarks/run.sh bench_cuda
 //
@@ -45,6 +47,24 @@ void BM_cuda_fusion_long(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * n * 3 * 4);
 }
 BENCHMARK(BM_cuda_fusion_long)->Name("BM_cuda_fusion_long/hybra")->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// A whole-tensor sum (pieces of the input in parallel, then their sum):
+// bytes read, to set against the copy's bandwidth.
+void BM_cuda_sum(benchmark::State& state) {
+  Tensor a = ones({n}, DType::float32, cuda(0));
+  for (auto _ : state) sum(a).wait_to_read();
+  state.SetBytesProcessed(state.iterations() * n * 4);
+}
+BENCHMARK(BM_cuda_sum)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// softmax over rows of 1024 (a block per row): the bytes of one read and one
+// write (the kernel reads each row three times, from cache after the first).
+void BM_cuda_softmax(benchmark::State& state) {
+  Tensor a = random_normal({n / 1024, 1024}, 0, 1, DType::float32, cuda(0));
+  for (auto _ : state) softmax(a).wait_to_read();
+  state.SetBytesProcessed(state.iterations() * n * 2 * 4);
+}
+BENCHMARK(BM_cuda_softmax)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // What one small eager expression costs end to end: push, the GPU thread's
 // launch and stream wait, and the caller's wait.
@@ -114,6 +134,39 @@ void BM_cuda_mlp(benchmark::State& state, bool hybridized) {
 BENCHMARK_CAPTURE(BM_cuda_mlp, eager, false)->Name("BM_cuda_mlp/eager")->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_cuda_mlp, hybridized, true)
     ->Name("BM_cuda_mlp/hybridized")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// One SGD training step of the chapter's MLP at batch 256 on cuda(0):
+// forward under record, softmax cross-entropy, backward, update.
+void BM_cuda_mlp_train(benchmark::State& state, bool hybridized) {
+  nn::HybridSequential net;
+  net.add(nn::Dense(256, "relu"), nn::Dense(128, "relu"), nn::Dense(10));
+  net.initialize(nn::init::Xavier(), cuda(0));
+  if (hybridized) net.hybridize();
+  Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.01}});
+  const nn::SoftmaxCrossEntropyLoss loss_fn;
+  const Tensor X = random_normal({256, 512}, 0, 1, DType::float32, cuda(0));
+  const Tensor y = random_uniform({256}, 0, 10).astype(DType::int32).to(cuda(0));
+  auto step = [&] {
+    Tensor loss;
+    {
+      autograd::record rec;
+      loss = loss_fn(net(X), y);
+    }
+    loss.backward();
+    trainer.step(256);
+    waitall();
+  };
+  for (int warm = 0; warm < 3; ++warm) step();
+  for (auto _ : state) step();
+}
+BENCHMARK_CAPTURE(BM_cuda_mlp_train, eager, false)
+    ->Name("BM_cuda_mlp_train/eager")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_cuda_mlp_train, hybridized, true)
+    ->Name("BM_cuda_mlp_train/hybridized")
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
