@@ -126,6 +126,17 @@ int ncclCommInitAll(void** comms, int ndev, const int*) {
   return success;
 }
 
+// Communicators of one rank (and those across processes) are freed; a
+// clique of ncclCommInitAll lives as long as the process, as hybra keeps it.
+int ncclCommDestroy(void* comm) {
+  std::lock_guard g(mutex);
+  ++calls["ncclCommDestroy"];
+  auto* c = static_cast<Comm*>(comm);
+  if (!c->clique) delete c;
+  else if (c->clique->comms.size() == 1) delete c->clique;
+  return success;
+}
+
 int ncclGroupStart() {
   std::lock_guard g(mutex);
   ++calls["ncclGroupStart"];

@@ -189,10 +189,16 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
   Communicator& operator=(Communicator&&) = delete;
 
-  // Queues the communicator's release after its pending collectives.
+  // Queues the communicator's release (and its NCCL communicators') after
+  // its pending collectives.
   ~Communicator() {
     if (comm_ == MPI_COMM_NULL) return;
     try {
+      for (const auto& [id, nccl_comm] : nccl_comms_)
+        push_op("ncclCommDestroy", {}, {detail::sequence()}, [nccl_comm] {
+          const auto& n = backend::cuda::nccl();
+          n.check(n.comm_destroy(nccl_comm), "ncclCommDestroy");
+        });
       push_op("MPI_Comm_free", {}, {detail::sequence()}, [comm = comm_]() mutable {
         int finalized = 0;
         MPI_Finalized(&finalized);
@@ -307,8 +313,7 @@ class Communicator {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   mutable std::mutex nccl_mutex_;
-  // By GPU id. Never destroyed: ncclCommDestroy would have to wait for work
-  // the engine may still have queued when the communicator goes.
+  // By GPU id; destroyed, after the collectives queued on them, with the communicator.
   mutable std::map<int, backend::cuda::ncclComm_t> nccl_comms_;
   int rank_ = 0;
   int size_ = 0;

@@ -40,6 +40,7 @@ class Nccl {
     get_unique_id = library_.function<decltype(get_unique_id)>("ncclGetUniqueId");
     comm_init_rank = library_.function<decltype(comm_init_rank)>("ncclCommInitRank");
     comm_init_all = library_.function<decltype(comm_init_all)>("ncclCommInitAll");
+    comm_destroy = library_.function<decltype(comm_destroy)>("ncclCommDestroy");
     all_reduce = library_.function<decltype(all_reduce)>("ncclAllReduce");
     group_start = library_.function<decltype(group_start)>("ncclGroupStart");
     group_end = library_.function<decltype(group_end)>("ncclGroupEnd");
@@ -72,6 +73,7 @@ class Nccl {
   ncclResult_t (*get_unique_id)(ncclUniqueId*) = nullptr;
   ncclResult_t (*comm_init_rank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
   ncclResult_t (*comm_init_all)(ncclComm_t*, int, const int*) = nullptr;
+  ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;
   ncclResult_t (*all_reduce)(const void*, void*, std::size_t, int, int, ncclComm_t, CUstream) = nullptr;
   ncclResult_t (*group_start)() = nullptr;
   ncclResult_t (*group_end)() = nullptr;
