@@ -90,10 +90,11 @@ inline void push_fused_program_cuda(std::string_view name, CudaExpressionKernels
 }
 
 inline void push_convert_cuda(const Tensor& src, const Tensor& dst) {
-  const jit::CudaKernel k = jit::cuda_convert_kernel(src.dtype(), dst.dtype());
-  const std::string& ptx =
-      jit::program_ptx(jit::cuda_program({k}), k.name, backend::cuda::gpu(dst.device().id).arch());
-  push_op_on(dst.device(), "astype", {src}, {dst}, [src, dst, &ptx, kernel = k.name] {
+  std::string kernel = jit::cuda_convert_kernel_name(src.dtype(), dst.dtype());
+  const std::string& ptx = jit::program_ptx(kernel, backend::cuda::gpu(dst.device().id).arch(), [&] {
+    return jit::cuda_program({jit::cuda_convert_kernel(src.dtype(), dst.dtype())});
+  });
+  push_op_on(dst.device(), "astype", {src}, {dst}, [src, dst, &ptx, kernel = std::move(kernel)] {
     backend::cuda::Gpu& g = backend::cuda::gpu(dst.device().id);
     void* in = src.raw_data();
     void* out = dst.raw_data();

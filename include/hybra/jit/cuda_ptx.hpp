@@ -65,14 +65,18 @@ inline std::string cuda_ptx(const std::string& source, const std::string& name, 
   });
 }
 
-// cuda_ptx for a program named `name` (unique to its source), kept for the
-// process: the reference stays valid, so engine ops may hold it.
-inline const std::string& program_ptx(const std::string& source, const std::string& name, const std::string& arch) {
-  static std::mutex mutex;
+// cuda_ptx for the program named `name` (unique to its source, which
+// make_source() writes only the first time), kept for the process: the
+// reference stays valid, so engine ops may hold it, and later calls cost a
+// lookup.
+template <class MakeSource>
+const std::string& program_ptx(const std::string& name, const std::string& arch, MakeSource&& make_source) {
+  static std::mutex& mutex = *new std::mutex;
   static auto& compiled = *new std::map<std::string, std::string>;  // ops still queued at exit may use it
   std::lock_guard g(mutex);
-  auto it = compiled.find(name + '\n' + arch);
-  if (it == compiled.end()) it = compiled.emplace(name + '\n' + arch, cuda_ptx(source, name + ".cu", arch)).first;
+  const std::string key = name + '\n' + arch;
+  auto it = compiled.find(key);
+  if (it == compiled.end()) it = compiled.emplace(key, cuda_ptx(make_source(), name + ".cu", arch)).first;
   return it->second;
 }
 

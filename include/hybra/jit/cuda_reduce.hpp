@@ -188,8 +188,8 @@ inline std::string cuda_softmax_program(bool log, DType t) {
 // launches on the GPU's stream. x and out are contiguous; scratch holds at
 // least plan.scratch_bytes.
 inline auto cuda_reduce_launcher(Reduction r, DType in, backend::cuda::Gpu& gpu) {
-  const std::string& ptx = program_ptx(
-      cuda_reduce_program(r, in), hybra::detail::concat("hybra_", detail::reduction_name(r), '_', name(in)), gpu.arch());
+  const std::string& ptx = program_ptx(hybra::detail::concat("hybra_", detail::reduction_name(r), '_', name(in)),
+                                       gpu.arch(), [&] { return cuda_reduce_program(r, in); });
   return [&ptx, r, in](backend::cuda::Gpu& g, const ReducePlan& plan, const void* x, void* out, void* scratch,
                        std::string_view what) {
     run_reduce_plan(plan, x, out, scratch, [&](const ReduceStep& s, const void* src, void* dst) {
@@ -221,9 +221,9 @@ inline SoftmaxLaunch plan_softmax(std::int64_t O, std::int64_t R, std::int64_t I
 // softmax (or log_softmax) of the contiguous (O, R, I) block x into y, on
 // the GPU's stream; the program is compiled at the call.
 inline auto cuda_softmax_launcher(bool log, DType t, backend::cuda::Gpu& gpu) {
-  const std::string& ptx = program_ptx(
-      cuda_softmax_program(log, t), hybra::detail::concat("hybra_", log ? "log_softmax_" : "softmax_", name(t)),
-      gpu.arch());
+  const std::string& ptx =
+      program_ptx(hybra::detail::concat("hybra_", log ? "log_softmax_" : "softmax_", name(t)), gpu.arch(),
+                  [&] { return cuda_softmax_program(log, t); });
   return [&ptx, log, t](backend::cuda::Gpu& g, const void* x, void* y, std::int64_t O, std::int64_t R, std::int64_t I,
                         std::string_view what) {
     const SoftmaxLaunch launch = plan_softmax(O, R, I, g.info().multiprocessors);

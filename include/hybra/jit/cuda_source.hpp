@@ -139,9 +139,13 @@ inline CudaKernel cuda_elementwise_kernel(const backend::cpu::FusedProgram& p, c
 // Converts a contiguous tensor to another dtype, each element by a C++
 // conversion, as astype does on the CPU (so a value the new dtype cannot
 // hold converts as C++ leaves undefined, and may differ between devices).
+inline std::string cuda_convert_kernel_name(DType from, DType to) {
+  return "hybra_convert_" + std::string(name(from)) + "_to_" + std::string(name(to));
+}
+
 inline CudaKernel cuda_convert_kernel(DType from, DType to) {
   CudaKernel k;
-  k.name = "hybra_convert_" + std::string(name(from)) + "_to_" + std::string(name(to));
+  k.name = cuda_convert_kernel_name(from, to);
   k.definition = "extern \"C\" __global__ void " + k.name + "(const " + std::string(cuda_type(from)) +
                  "* __restrict__ in, " + std::string(cuda_type(to)) + "* __restrict__ out, long long n) {\n" +
                  "  const long long stride = static_cast<long long>(blockDim.x) * gridDim.x;\n" +
