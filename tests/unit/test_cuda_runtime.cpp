@@ -335,10 +335,53 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(fake.calls("cuModuleLoadData") == loads + 5);  // the sum's program serves every sum of float32
     CHECK(fake.calls("cuLaunchKernel") == launches + 8);
     CHECK(fake.last_launch() == "hybra_sum_float32_columns_in_out");
-    Tensor counted = mean(ones({3, 1}, DType::int32, cuda(0)), 1);  // nothing to reduce: the kernel converts
+    Tensor counted = mean(ones({3, 1}, DType::int32, cuda(0)), 1);  // nothing to reduce: a conversion
     waitall();
     CHECK(counted.dtype() == DType::float32);
+    CHECK(fake.calls("cuLaunchKernel") == launches + 9);
+    CHECK(fake.last_launch() == jit::cuda_convert_kernel_name(DType::int32, DType::float32));
     CHECK_THROWS_WITH_AS(sum(ones({2}, DType::float32, cuda(0)), 1), doctest::Contains("sum: axis 1"), AxisError);
+  }
+
+  TEST_CASE("cuda fake: a captured graph's reductions, argmax and softmax run in the plan's buffers and replay with it") {
+    FakeDriver fake;
+    auto a = sym::var("a", Shape{64, 10});
+    const auto logits = a * 2 + 1;
+    jit::Plan plan(graph::optimize(graph::trace({softmax(logits), argmax(logits, 1), sum(a, 0), mean(exp(a))})), cuda(0),
+                   false, "classifier");
+    REQUIRE(plan.replays_graph());
+    const Tensor x = ones({64, 10}, DType::float32, cuda(0));
+    const long launched = fake.calls("cuLaunchKernel"), ran = fake.calls("kernels run");
+    const long captures = fake.calls("cuStreamBeginCapture"), replays = fake.calls("cuGraphLaunch");
+    for (int call = 0; call < 3; ++call) {
+      auto out = plan({x});
+      REQUIRE(out.size() == 4);
+      CHECK(out[0].shape() == Shape{64, 10});
+      CHECK(out[1].dtype() == DType::int64);
+      CHECK(out[2].shape() == Shape{10});
+      CHECK(out[3].shape() == Shape{});
+      waitall();
+    }
+    // Per call: the kernels of a * 2 + 1 and exp(a), then one step each for softmax, argmax and the sums.
+    CHECK(fake.calls("kernels run") == ran + 3 * 6);
+    CHECK(fake.calls("cuLaunchKernel") == launched + 2 * 6);  // the first call's, and the recording's
+    CHECK(fake.last_launch() == "hybra_mean_float32_rows_in_out");
+    CHECK(fake.calls("cuStreamBeginCapture") == captures + 1);
+    CHECK(fake.calls("cuGraphLaunch") == replays + 2);
+    CHECK(plan.graphs_recorded() == 1);
+
+    // A sum in pieces: their accumulators live in the workspace, after the planned values.
+    auto v = sym::var("v", Shape{1 << 20});
+    jit::Plan total(graph::optimize(graph::trace({sum(v)})), cuda(0), false, "total");
+    const auto pieces = jit::plan_reduce(std::vector<std::array<std::int64_t, 3>>{{1, 1 << 20, 1}}, 8,
+                                         backend::cuda::gpu(0).info().multiprocessors);
+    REQUIRE(pieces.steps.size() == 2);
+    CHECK(total.peak_bytes() >= static_cast<std::size_t>(pieces.scratch_bytes) + sizeof(float));
+    const long before = fake.calls("kernels run");
+    for (int call = 0; call < 2; ++call) total({ones({1 << 20}, DType::float32, cuda(0))});
+    waitall();
+    CHECK(fake.calls("kernels run") == before + 4);
+    CHECK(total.graphs_recorded() == 1);
   }
 
   TEST_CASE("cuda fake: an MLP trains on cuda(0), eager and hybridized: every op of the step has a GPU path") {

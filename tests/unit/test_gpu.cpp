@@ -1,7 +1,7 @@
 // On a real GPU: what cuda(0) computes against what the CPU computes, for
 // every elementwise op of the table in every dtype it keeps, a long fused
 // expression, broadcast operands and views, products through cuBLAS(Lt),
-// reductions, argmax and softmax, the
+// reductions, argmax and softmax (eager and in a replayed plan), the
 // chapter's MLP (eager and hybridized, replayed as a CUDA graph), a captured
 // elementwise graph, copies between the host and GPUs, and the caching
 // allocator.
@@ -198,6 +198,32 @@ TEST_SUITE("gpu" * doctest::skip()) {
           same(log_softmax(on_gpu * 100, axes.back()), log_softmax(values * 100, axes.back()));
         }
       }
+  }
+
+  TEST_CASE("gpu: a captured graph's reductions, argmax and softmax, replayed as a CUDA graph, against the CPU") {
+    if (!gpu_present()) return;
+    seed(12);
+    const Tensor x = random_normal({256, 10}, 0, 3), big = random_normal({1 << 20}, 0, 1);
+    auto X = sym::var("x", Shape{256, 10}), B = sym::var("b", Shape{1 << 20});
+    const auto logits = X * 2 + 1;
+    const auto g = graph::optimize(graph::trace(
+        {softmax(logits), log_softmax(logits, 0), argmax(logits, 1), sum(X, 0), mean(exp(X) * 0.5f), max(B), sum(B)}));
+    jit::Plan on_gpu(g, cuda(0), false, "gpu classifier"), on_cpu(g, cpu(), false, "cpu classifier");
+    REQUIRE(on_gpu.replays_graph());
+    const auto want = on_cpu({x, big});
+    const Tensor gx = x.to(cuda(0)), gbig = big.to(cuda(0));
+    for (int call = 0; call < 3; ++call) {
+      const auto got = on_gpu({gx, gbig});
+      REQUIRE(got.size() == want.size());
+      for (std::size_t k = 0; k < got.size(); ++k) {
+        CAPTURE(k);
+        REQUIRE(got[k].dtype() == want[k].dtype());
+        const auto a = got[k].to_vector<double>(), b = want[k].to_vector<double>();
+        REQUIRE(a.size() == b.size());
+        for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
+      }
+    }
+    CHECK(on_gpu.graphs_recorded() == 1);
   }
 
   TEST_CASE("gpu: converting between every pair of dtypes on cuda(0) gives the CPU's values") {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../core/separate_compilation.hpp"
+#include "../jit/cuda_launch.hpp"
 #include "../jit/elementwise_op.hpp"
 #include "../ops/conv.hpp"
 #include "../ops/conv_backward.hpp"
@@ -42,6 +43,12 @@ struct OpDef {
   // will do); null for ops whose work is the bytes they touch. The CPU plan
   // sizes a call with it (jit::detail::is_brief).
   std::int64_t (*multiply_adds)(std::span<const Tensor> in, const Tensor& out) = nullptr;
+  // The op's work on a GPU as launches a plan can run in its buffers and
+  // record into a CUDA graph (jit/cuda_launch.hpp), for operands and result
+  // laid out as given (meta tensors will do); nullopt where the eager op
+  // must run instead (it converts an operand first, say). Null: no such form.
+  std::optional<jit::CudaLaunch> (*cuda_launch)(std::span<const Tensor> in, const Tensor& out, const Attrs& attrs,
+                                                backend::cuda::Gpu& gpu) = nullptr;
 };
 
 namespace detail {
@@ -67,6 +74,13 @@ inline Axes reduce_axes(const Attrs& a, std::string_view op) {
   return axes ? Axes(*axes) : Axes();
 }
 
+template <jit::Reduction K>
+std::optional<jit::CudaLaunch> cuda_reduce_launch(std::span<const Tensor> in, const Tensor&, const Attrs& a,
+                                                  backend::cuda::Gpu& gpu) {
+  const std::string_view op = jit::detail::reduction_name(K);
+  return hybra::detail::reduce::cuda_reduce_launch<K>(in[0], axes_attr(a, op), op, gpu);
+}
+
 HYBRA_SEPARABLE std::vector<OpDef> op_defs();
 #if HYBRA_DEFINE_SEPARABLE
 HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
@@ -82,8 +96,10 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
   using T = std::span<const Tensor>;
   using A = const Attrs&;
   using Cost = std::int64_t (*)(T, const Tensor&);
-  auto def = [&](std::string_view name, int arity, Tensor (*eval)(T, A), Cost multiply_adds = nullptr) {
-    defs.push_back(OpDef{name, arity, -1, {}, {}, eval, false, multiply_adds});
+  using Launch = std::optional<jit::CudaLaunch> (*)(T, const Tensor&, A, backend::cuda::Gpu&);
+  auto def = [&](std::string_view name, int arity, Tensor (*eval)(T, A), Cost multiply_adds = nullptr,
+                 Launch cuda_launch = nullptr) {
+    defs.push_back(OpDef{name, arity, -1, {}, {}, eval, false, multiply_adds, cuda_launch});
   };
   // Per output element, a product with weight w (filters first) does one
   // multiply-add per weight of one filter.
@@ -96,15 +112,31 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
   static constexpr Cost filtered = [](T in, const Tensor& out) { return out.size() * per_filter(in[1]); };
   def("matmul", 2, [](T in, A) { return matmul(in[0], in[1]); }, contraction);
   def("dot", 2, [](T in, A) { return dot(in[0], in[1]); }, contraction);
-  def("sum", 1, [](T in, A a) { return sum(in[0], reduce_axes(a, "sum"), keepdims_attr(a, "sum")); });
-  def("mean", 1, [](T in, A a) { return mean(in[0], reduce_axes(a, "mean"), keepdims_attr(a, "mean")); });
-  def("max", 1, [](T in, A a) { return max(in[0], reduce_axes(a, "max"), keepdims_attr(a, "max")); });
-  def("min", 1, [](T in, A a) { return min(in[0], reduce_axes(a, "min"), keepdims_attr(a, "min")); });
+  // A reduction's or softmax's launches read the node's attributes as its eager op does.
+  using R = jit::Reduction;
+  using Gpu = backend::cuda::Gpu&;
+  def("sum", 1, [](T in, A a) { return sum(in[0], reduce_axes(a, "sum"), keepdims_attr(a, "sum")); }, nullptr,
+      cuda_reduce_launch<R::sum>);
+  def("mean", 1, [](T in, A a) { return mean(in[0], reduce_axes(a, "mean"), keepdims_attr(a, "mean")); }, nullptr,
+      cuda_reduce_launch<R::mean>);
+  def("max", 1, [](T in, A a) { return max(in[0], reduce_axes(a, "max"), keepdims_attr(a, "max")); }, nullptr,
+      cuda_reduce_launch<R::max>);
+  def("min", 1, [](T in, A a) { return min(in[0], reduce_axes(a, "min"), keepdims_attr(a, "min")); }, nullptr,
+      cuda_reduce_launch<R::min>);
   def("argmax", 1, [](T in, A a) {
     return argmax(in[0], optional_int_attr(a, "axis", "argmax"), keepdims_attr(a, "argmax"));
+  }, nullptr, [](T in, const Tensor&, A a, Gpu gpu) {
+    return hybra::detail::reduce::cuda_argmax_launch(in[0], optional_int_attr(a, "axis", "argmax"), gpu);
   });
-  def("softmax", 1, [](T in, A a) { return softmax(in[0], int_attr(a, "axis", "softmax")); });
-  def("log_softmax", 1, [](T in, A a) { return log_softmax(in[0], int_attr(a, "axis", "log_softmax")); });
+  def("softmax", 1, [](T in, A a) { return softmax(in[0], int_attr(a, "axis", "softmax")); }, nullptr,
+      [](T in, const Tensor&, A a, Gpu gpu) {
+        return hybra::detail::softmax::cuda_softmax_launch<false>(in[0], int_attr(a, "axis", "softmax"), "softmax", gpu);
+      });
+  def("log_softmax", 1, [](T in, A a) { return log_softmax(in[0], int_attr(a, "axis", "log_softmax")); }, nullptr,
+      [](T in, const Tensor&, A a, Gpu gpu) {
+        return hybra::detail::softmax::cuda_softmax_launch<true>(in[0], int_attr(a, "axis", "log_softmax"),
+                                                                 "log_softmax", gpu);
+      });
   def("reshape", 1, [](T in, A a) {
     auto s = parse_tuple(find_attr(a, "shape", "reshape"), "reshape");
     return reshape(in[0], Shape(s.begin(), s.end()));
@@ -167,8 +199,9 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
     return batch_norm(in[0], in[1], in[2], in[3], in[4], parse_double(find_attr(a, "eps", "batch_norm"), "batch_norm"),
                       int_attr(a, "axis", "batch_norm"));
   });
-  auto gradient = [&](std::string_view name, int arity, Tensor (*eval)(T, A), Cost multiply_adds = nullptr) {
-    defs.push_back(OpDef{name, arity, -1, {}, {}, eval, true, multiply_adds});
+  auto gradient = [&](std::string_view name, int arity, Tensor (*eval)(T, A), Cost multiply_adds = nullptr,
+                      Launch cuda_launch = nullptr) {
+    defs.push_back(OpDef{name, arity, -1, {}, {}, eval, true, multiply_adds, cuda_launch});
   };
   static constexpr auto shape_attr = [](A a, std::string_view op) {
     auto s = parse_tuple(find_attr(a, "shape", op), op);

@@ -3,12 +3,14 @@
 // NVRTC version and version of the hybra headers a kernel includes: later
 // requests, in this process or the next, come from the kernel cache
 // (kernel_cache.hpp).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "../backend/cuda/nvrtc.hpp"
 #include "kernel_cache.hpp"
@@ -35,14 +37,20 @@ inline const std::string& kernels_parent_dir() {
   return dir;
 }
 
-// The hybra files NVRTC compiles into kernels, hashed into every cache key: a
-// changed op table or kernel must not be served the old code.
+// The hybra files NVRTC compiles into kernels (every .cuh of kernels/ among
+// them), hashed into every cache key: a changed op table or kernel must not
+// be served the old code.
 inline const std::string& kernel_headers_hash() {
   static const std::string hash = [] {
     const std::filesystem::path include(hybra_include_dir()), kernels(kernels_parent_dir());
     std::string text;
-    for (const auto& file : {include / "hybra/ops/elementwise.hpp", include / "hybra/core/macros.hpp",
-                             kernels / "kernels/reduce.cuh", kernels / "kernels/softmax.cuh"}) {
+    std::vector<std::filesystem::path> files{include / "hybra/ops/elementwise.hpp", include / "hybra/core/macros.hpp"};
+    std::vector<std::filesystem::path> device_code;
+    for (const auto& entry : std::filesystem::directory_iterator(kernels / "kernels"))
+      if (entry.path().extension() == ".cuh") device_code.push_back(entry.path());
+    std::sort(device_code.begin(), device_code.end());  // the directory's order is the file system's
+    files.insert(files.end(), device_code.begin(), device_code.end());
+    for (const auto& file : files) {
       std::ifstream in(file, std::ios::binary);
       if (!in) fail<Error>("cuda: hybra's file ", file.string(), ", which NVRTC compiles into kernels, cannot be read");
       text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -7,15 +7,19 @@
 //
 // On a GPU the fused loops are kernels generated from the same programs (one
 // NVRTC compile for the plan), fully_connected is one cuBLASLt GEMM whose
-// epilogue adds the bias and, when the graph applies one next, the ReLU; and
-// from the second call on, a plan whose steps are all kernels and GEMMs
-// replays them as one CUDA graph (cuda_plan_graphs below).
+// epilogue adds the bias and, when the graph applies one next, the ReLU; an
+// op with launches of its own (reductions, softmax: graph::OpDef::cuda_launch)
+// runs them in the plan's buffers; and from the second call on, a plan whose
+// steps are all of these replays them as one CUDA graph (cuda_plan_graphs
+// below).
 //
 // Memory planning: every intermediate value a step writes gets a slice of one
 // preallocated workspace; values whose lifetimes do not overlap share a
 // slice (greedy best fit in step order), and an elementwise step may write
-// over an input it reads for the last time. peak_bytes() is the workspace's
-// size, unplanned_bytes() what the same values would take with a buffer each.
+// over an input it reads for the last time. A GPU plan's launch steps, which
+// run one at a time, share one scratch region at the workspace's end.
+// peak_bytes() is the workspace's size, unplanned_bytes() what the values
+// would take with a buffer each.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -33,6 +37,7 @@
 #include "../backend/cpu/fused_loop.hpp"
 #include "../backend/cuda/cublaslt.hpp"
 #include "../backend/cuda/graph.hpp"
+#include "cuda_launch.hpp"
 #include "cuda_source.hpp"
 
 namespace hybra::jit {
@@ -105,7 +110,7 @@ class Plan {
   int graphs_recorded() const { return state_->replay.recorded; }
 
  private:
-  enum class Kind { input, constant, fused, product, eager };
+  enum class Kind { input, constant, fused, product, launch, eager };
   struct Step {
     Kind kind;
     int node;
@@ -118,6 +123,7 @@ class Plan {
     std::string kernel_name;
     backend::cuda::CUfunction kernel = nullptr;
     const backend::cuda::DenseMatmul* matmul = nullptr;
+    std::optional<CudaLaunch> launch;  // a launch step's: the op's launches
   };
   // A GPU plan's CUDA graph and what it reads. Inputs are read where the
   // recording found them (a block's parameters, say); an input whose tensor
@@ -140,6 +146,7 @@ class Plan {
     std::vector<Step> steps;
     std::vector<Tensor> buffer;  // per node: its planned workspace slice, if any
     Tensor workspace;
+    Tensor scratch;  // the end of the workspace: launch steps' scratch memory (they run one at a time)
     std::size_t peak_bytes = 0, unplanned_bytes = 0;
     std::uint64_t draw_blocks = 0;  // the random counter blocks one call draws
     engine::OpLength length = engine::OpLength::unknown;
@@ -227,6 +234,16 @@ inline hybra::detail::nn::Conv2dGeometry conv2d_geometry(const graph::Node& n, s
                                             size2d("dilate"), groups);
 }
 
+// A node's launches on a GPU (graph::OpDef::cuda_launch), where its op has
+// them for these operands and they are contiguous (launches read no views).
+inline std::optional<CudaLaunch> cuda_launch(const graph::Node& n, std::span<const Tensor> in, Device device) {
+  const auto& def = graph::find_op(n.op);
+  if (!def.cuda_launch) return std::nullopt;
+  for (const Tensor& t : in)
+    if (!t.is_contiguous()) return std::nullopt;
+  return def.cuda_launch(in, Tensor(*n.meta.shape, *n.meta.dtype, meta()), n.attrs, backend::cuda::gpu(device.id));
+}
+
 // An elementwise body (every node fusable, one output) as a fused-loop
 // program: vars are the inputs, scalars become constants of the body's dtype.
 inline backend::cpu::FusedProgram compile(const graph::Graph& body) {
@@ -311,6 +328,7 @@ inline void Plan::build() {
     std::vector<Tensor> in;
     for (int k : n.inputs) in.push_back(layout[static_cast<std::size_t>(k)]);
     Kind kind;
+    std::optional<CudaLaunch> launch;
     if (n.op == "var") {
       kind = Kind::input;
     } else if (n.op == "const" || n.op == "scalar") {
@@ -318,9 +336,12 @@ inline void Plan::build() {
     } else if (graph::fusable(g, n)) {
       kind = Kind::fused;
     } else {
-      // On a GPU, fully_connected is a product step (cuBLASLt); a conv2d runs its eager op.
+      // On a GPU, fully_connected is a product step (cuBLASLt); other ops run
+      // their launches where they have them, else their eager op.
       const bool product = detail::product_kernel(n, in) && (s.device.kind != DeviceKind::cuda || n.op == "fully_connected");
-      kind = product ? Kind::product : Kind::eager;
+      if (!product && s.device.kind == DeviceKind::cuda)
+        launch = detail::cuda_launch(n, std::span(in).first(graph::own_inputs(n)), s.device);
+      kind = product ? Kind::product : launch ? Kind::launch : Kind::eager;
     }
     if (kind == Kind::eager && !n.body) {
       std::vector<graph::Meta> metas;
@@ -331,11 +352,12 @@ inline void Plan::build() {
         if (r.storage() == in[k].storage()) alias[i] = n.inputs[k];
     } else {
       layout[i] = Tensor(*n.meta.shape, *n.meta.dtype, meta());
-      planned[i] = kind == Kind::fused || kind == Kind::product || (kind == Kind::eager && n.body);
+      planned[i] = kind == Kind::fused || kind == Kind::product || kind == Kind::launch || (kind == Kind::eager && n.body);
     }
     s.draw_blocks += graph::detail::draw_blocks(n, s.training);
     Step step{.kind = kind, .node = static_cast<int>(i)};
     step.view = kind == Kind::eager && alias[i] >= 0;
+    step.launch = std::move(launch);
     if (kind == Kind::product && n.op == "conv2d") step.conv = detail::conv2d_geometry(n, in);
     if (kind == Kind::fused) {
       // A lone elementwise node is a body of one op; scalars are folded in.
@@ -416,9 +438,17 @@ inline void Plan::build() {
     }
     live.push_back(i);
   }
+  std::size_t scratch_bytes = 0;
+  for (const auto& step : s.steps)
+    if (step.launch) scratch_bytes = std::max(scratch_bytes, static_cast<std::size_t>(step.launch->scratch_bytes));
+  const std::size_t scratch_offset = end;
+  end += (scratch_bytes + align - 1) / align * align;
   s.peak_bytes = end;
   s.length = detail::is_brief(g, layout) ? engine::OpLength::brief : engine::OpLength::unknown;
   s.workspace = Tensor(Shape{static_cast<std::int64_t>(std::max<std::size_t>(end, 1))}, DType::uint8, s.device);
+  if (scratch_bytes)
+    s.scratch = Tensor::from_storage(s.workspace.storage(), {static_cast<std::int64_t>(scratch_bytes)}, DType::uint8,
+                                     scratch_offset);
   s.buffer.resize(count);
   for (std::size_t i = 0; i < count; ++i)
     if (planned[i])
@@ -443,10 +473,11 @@ inline void Plan::build_gpu(const std::vector<Tensor>& layout) {
   std::vector<CudaKernel> kernels;
   auto add_kernel = [&](Step& step, const Tensor& own) {
     const Shape& shape = layout[static_cast<std::size_t>(step.node)].shape();
-    std::vector<Strides> strides;
-    for (int k : step.loop_inputs) {
+    std::vector<Strides> strides(step.loop_inputs.size());  // empty: read at the element's index
+    for (std::size_t j = 0; j < strides.size(); ++j) {
+      const int k = step.loop_inputs[j];
       const Tensor& in = k < 0 ? own : layout[static_cast<std::size_t>(k)];
-      strides.push_back(in.shape() == shape && in.is_contiguous() ? Strides{} : hybra::detail::broadcast_strides(in, shape));
+      if (in.shape() != shape || !in.is_contiguous()) strides[j] = hybra::detail::broadcast_strides(in, shape);
     }
     CudaKernel kernel = cuda_elementwise_kernel(step.loop->program(), shape, strides);
     step.kernel_name = kernel.name;
@@ -540,6 +571,17 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
             }
           });
         }
+        if (step.loop) run_loop(step, dst, dst);
+        values[i] = &dst;
+        break;
+      }
+      case Kind::launch: {
+        const Tensor& dst = target(i);
+        boost::container::small_vector<const void*, 4> in;
+        for (std::size_t k = 0; k < graph::own_inputs(n); ++k)
+          in.push_back(values[static_cast<std::size_t>(n.inputs[k])]->raw_data());
+        step.launch->run(backend::cuda::gpu(device.id), std::span<const void* const>(in.data(), in.size()),
+                         dst.raw_data(), scratch.defined() ? scratch.raw_data() : nullptr);
         if (step.loop) run_loop(step, dst, dst);
         values[i] = &dst;
         break;

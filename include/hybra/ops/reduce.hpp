@@ -35,6 +35,7 @@
 #include "../backend/cpu/threads.hpp"
 #include "../core/creation.hpp"
 #include "../expr/evaluate.hpp"
+#include "../jit/cuda_launch.hpp"
 #include "../jit/cuda_reduce.hpp"
 #include "layout.hpp"
 
@@ -307,18 +308,50 @@ inline i64 gpu_acc_bytes(Reduction r, DType in) {
   return 8;
 }
 
-// A reduction of the contiguous xc into out on xc's GPU, in the passes the
-// CPU would make (jit/cuda_reduce.hpp plans the launches).
-inline void push_gpu_reduction(Reduction r, std::string_view op, const Tensor& xc, const Tensor& out,
-                               const std::vector<std::array<i64, 3>>& blocks) {
-  backend::cuda::Gpu& gpu = backend::cuda::gpu(xc.device().id);
-  auto plan = std::make_shared<const jit::ReducePlan>(
-      jit::plan_reduce(blocks, gpu_acc_bytes(r, xc.dtype()), gpu.info().multiprocessors));
-  const Tensor scratch({std::max<i64>(plan->scratch_bytes, 1)}, DType::uint8, xc.device());
-  push_op_on(xc.device(), op, {xc}, {out},
-             [xc, out, scratch, plan, op, launch = jit::cuda_reduce_launcher(r, xc.dtype(), gpu)] {
-               launch(backend::cuda::gpu(xc.device().id), *plan, xc.raw_data(), out.raw_data(), scratch.raw_data(), op);
-             });
+// A reduction of a contiguous tensor of dtype `in` on a GPU, in the passes
+// the CPU would make (jit/cuda_reduce.hpp plans the launches).
+inline jit::CudaLaunch cuda_reduction(Reduction r, std::string_view op, DType in,
+                                      const std::vector<std::array<i64, 3>>& blocks, backend::cuda::Gpu& gpu) {
+  auto plan = std::make_shared<const jit::ReducePlan>(jit::plan_reduce(blocks, gpu_acc_bytes(r, in), gpu.info().multiprocessors));
+  return {plan->scratch_bytes,
+          [plan, op, launch = jit::cuda_reduce_launcher(r, in, gpu)](backend::cuda::Gpu& g, std::span<const void* const> x,
+                                                                     void* out, void* scratch) {
+            launch(g, *plan, x[0], out, scratch, op);
+          }};
+}
+
+// Reduction K of the contiguous x over `axes` on a GPU; nullopt where the
+// op launches nothing (x is empty, or each result is one element of x: the
+// eager op fills or converts).
+template <Reduction K>
+std::optional<jit::CudaLaunch> cuda_reduce_launch(const Tensor& x, const std::optional<std::vector<i64>>& axes,
+                                                  std::string_view op, backend::cuda::Gpu& gpu) {
+  const auto mask = axis_mask(x.shape(), axes, op);
+  i64 count = 1;
+  for (std::size_t d = 0; d < mask.size(); ++d)
+    if (mask[d]) count *= x.shape()[d];
+  if (x.size() == 0 || count == 1) return std::nullopt;
+  return cuda_reduction(K, op, x.dtype(), passes(collapse(x.shape(), mask)), gpu);
+}
+
+// argmax's (O, R, I) block: R along `axis`, or the whole tensor.
+inline std::array<i64, 3> argmax_block(const Shape& shape, std::optional<i64> axis) {
+  if (!axis) return {1, checked_numel(shape, "argmax"), 1};
+  const auto ax = static_cast<std::size_t>(detail::checked_axis(*axis, shape, "argmax"));
+  i64 O = 1, I = 1;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (d < ax) O *= shape[d];
+    if (d > ax) I *= shape[d];
+  }
+  return {O, shape[ax], I};
+}
+
+// argmax of the contiguous x on a GPU; nullopt for an empty x (the eager op
+// launches nothing).
+inline std::optional<jit::CudaLaunch> cuda_argmax_launch(const Tensor& x, std::optional<i64> axis,
+                                                         backend::cuda::Gpu& gpu) {
+  if (x.size() == 0) return std::nullopt;
+  return cuda_reduction(Reduction::argmax, "argmax", x.dtype(), {argmax_block(x.shape(), axis)}, gpu);
 }
 
 // Reduces the contiguous tensor xc, whose dims collapse to `runs`, into out;
@@ -371,15 +404,13 @@ Tensor reduce(const Tensor& x, const std::optional<std::vector<i64>>& axes, bool
     fail<ValueError>(op, ": cannot reduce a zero-size axis of shape ", to_string(shape), " (", op,
                      " has no identity)");
   }
-  // Nothing to reduce: a copy in the result's dtype (except on a GPU, which
-  // converts no dtypes yet: there the kernels convert).
-  if (count == 1 && (out_dtype == in || x.device().kind != DeviceKind::cuda))
-    return x.astype(out_dtype).view(out_shape, contiguous_strides(out_shape), 0);
+  // Nothing to reduce: a copy in the result's dtype.
+  if (count == 1) return x.astype(out_dtype).view(out_shape, contiguous_strides(out_shape), 0);
 
   const Tensor xc = x.contiguous();
   Tensor out(out_shape, out_dtype, x.device());
   if (x.device().kind == DeviceKind::cuda) {
-    push_gpu_reduction(K, op, xc, out, passes(collapse(shape, mask)));
+    jit::push_cuda_launch(op, {xc}, out, *cuda_reduce_launch<K>(xc, axes, op, backend::cuda::gpu(x.device().id)));
     return out;
   }
   push_op(op, {xc}, {out}, [xc, out, runs = collapse(shape, mask), count] {
@@ -455,14 +486,11 @@ Tensor argmax(X&& x_in, std::optional<std::int64_t> axis = std::nullopt, bool ke
   Tensor x = eval(x_in);
   x.require("argmax");
   const Shape& shape = x.shape();
+  const auto [O, R, I] = detail::reduce::argmax_block(shape, axis);
   Shape out_shape;
-  i64 O = 1, R = x.size(), I = 1;
   if (axis) {
     const auto ax = static_cast<std::size_t>(detail::checked_axis(*axis, shape, "argmax"));
-    R = shape[ax];
     for (std::size_t d = 0; d < shape.size(); ++d) {
-      if (d < ax) O *= shape[d];
-      if (d > ax) I *= shape[d];
       if (d != ax) out_shape.push_back(shape[d]);
       else if (keepdims) out_shape.push_back(1);
     }
@@ -474,10 +502,10 @@ Tensor argmax(X&& x_in, std::optional<std::int64_t> axis = std::nullopt, bool ke
   if (R == 0) fail<ValueError>("argmax: cannot reduce a zero-size axis of shape ", to_string(shape), " (argmax has no identity)");
   const Tensor xc = x.contiguous();
   if (xc.device().kind == DeviceKind::cuda) {
-    detail::reduce::push_gpu_reduction(jit::Reduction::argmax, "argmax", xc, out, {{O, R, I}});
+    jit::push_cuda_launch("argmax", {xc}, out, *detail::reduce::cuda_argmax_launch(xc, axis, backend::cuda::gpu(xc.device().id)));
     return out;
   }
-  push_op("argmax", {xc}, {out}, [xc, out, O, R, I] {
+  push_op("argmax", {xc}, {out}, [xc, out, O = O, R = R, I = I] {
     dispatch(xc.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       using P = detail::reduce::argmax_op<T>;

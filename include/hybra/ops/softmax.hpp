@@ -5,8 +5,12 @@
 // which would turn underflowed probabilities into -inf. The exp sums
 // accumulate in double. Integer inputs are computed in float32. On a GPU the
 // same steps are kernels/softmax.cuh's.
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "../backend/cpu/threads.hpp"
@@ -88,33 +92,48 @@ void softmax_3d(const T* x, T* y, i64 O, i64 R, i64 I) {
   });
 }
 
-template <bool Log>
-Tensor run(Tensor x, std::int64_t axis, std::string_view op) {
-  x.require(op.data());
+// The (O, R, I) block that softmax along `axis` normalises over R.
+inline std::array<i64, 3> softmax_block(const Shape& shape, std::int64_t axis, std::string_view op) {
   // A 0-d tensor is one element along its only "axis" (-1 or 0), as PyTorch.
-  const Shape& shape = x.shape();
   const Shape as_1d = shape.empty() ? Shape{1} : shape;
   if (shape.empty() && axis != 0 && axis != -1)
     fail<AxisError>(op, ": axis ", axis, " is out of range for a tensor of shape ()");
   const auto ax = static_cast<std::size_t>(detail::checked_axis(axis, as_1d, op));
-  if (!is_floating(x.dtype())) x = x.astype(DType::float32);
-  x = x.contiguous();
-  Tensor out(shape, x.dtype(), x.device());
-  if (out.size() == 0) return out;
   i64 O = 1, I = 1;
   for (std::size_t d = 0; d < as_1d.size(); ++d) {
     if (d < ax) O *= as_1d[d];
     if (d > ax) I *= as_1d[d];
   }
+  return {O, as_1d[ax], I};
+}
+
+// softmax (or log_softmax) of the contiguous x on a GPU; nullopt where the
+// op launches nothing of its own (x is empty, or an integer dtype the eager
+// op converts first).
+template <bool Log>
+std::optional<jit::CudaLaunch> cuda_softmax_launch(const Tensor& x, std::int64_t axis, std::string_view op,
+                                                   backend::cuda::Gpu& gpu) {
+  const auto [O, R, I] = softmax_block(x.shape(), axis, op);
+  if (x.size() == 0 || !is_floating(x.dtype())) return std::nullopt;
+  return jit::CudaLaunch{0, [O = O, R = R, I = I, op, launch = jit::cuda_softmax_launcher(Log, x.dtype(), gpu)](
+                                backend::cuda::Gpu& g, std::span<const void* const> in, void* out, void*) {
+                           launch(g, in[0], out, O, R, I, op);
+                         }};
+}
+
+template <bool Log>
+Tensor run(Tensor x, std::int64_t axis, std::string_view op) {
+  x.require(op.data());
+  const auto [O, R, I] = softmax_block(x.shape(), axis, op);
+  if (!is_floating(x.dtype())) x = x.astype(DType::float32);
+  x = x.contiguous();
+  Tensor out(x.shape(), x.dtype(), x.device());
+  if (out.size() == 0) return out;
   if (x.device().kind == DeviceKind::cuda) {
-    push_op_on(x.device(), op, {x}, {out},
-               [x, out, O, R = as_1d[ax], I, op,
-                launch = jit::cuda_softmax_launcher(Log, x.dtype(), backend::cuda::gpu(x.device().id))] {
-                 launch(backend::cuda::gpu(x.device().id), x.raw_data(), out.raw_data(), O, R, I, op);
-               });
+    jit::push_cuda_launch(op, {x}, out, *cuda_softmax_launch<Log>(x, axis, op, backend::cuda::gpu(x.device().id)));
     return out;
   }
-  push_op(op, {x}, {out}, [x, out, O, R = as_1d[ax], I] {
+  push_op(op, {x}, {out}, [x, out, O = O, R = R, I = I] {
     dispatch(x.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>)

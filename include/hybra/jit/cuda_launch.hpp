@@ -1,0 +1,44 @@
+#pragma once
+// An op's work on a GPU as launches that touch nothing but the addresses
+// they are given: the op's operands, its result, and scratch memory of a
+// size known before the call. That is what lets a captured plan (plan.hpp)
+// run the op inside its own buffers and record it into a CUDA graph, which
+// replays the same addresses at every call; the eager op runs the very same
+// launches (push_cuda_launch). The op table names an op's form
+// (graph::OpDef::cuda_launch).
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "../backend/cuda/gpu.hpp"
+#include "../core/tensor.hpp"
+#include "../engine/push.hpp"
+
+namespace hybra::jit {
+
+struct CudaLaunch {
+  std::int64_t scratch_bytes = 0;
+  // Queues the op's launches on the GPU's stream: in holds its operands'
+  // data (contiguous, in the op's order), out the result's, scratch at
+  // least scratch_bytes. It allocates nothing and waits for nothing.
+  std::function<void(backend::cuda::Gpu&, std::span<const void* const> in, void* out, void* scratch)> run;
+};
+
+// The eager op: queues `launch` on out's GPU as one engine op reading
+// `inputs` (contiguous) and writing out, with scratch memory of its own.
+inline void push_cuda_launch(std::string_view op, const std::vector<Tensor>& inputs, const Tensor& out,
+                             CudaLaunch launch) {
+  const Device device = out.device();
+  const Tensor scratch({std::max<std::int64_t>(launch.scratch_bytes, 1)}, DType::uint8, device);
+  push_op_on(device, op, inputs, {out}, [inputs, out, scratch, run = std::move(launch.run)] {
+    boost::container::small_vector<const void*, 4> in;
+    for (const Tensor& t : inputs) in.push_back(t.raw_data());
+    run(backend::cuda::gpu(out.device().id), std::span<const void* const>(in.data(), in.size()), out.raw_data(),
+        scratch.raw_data());
+  });
+}
+
+}  // namespace hybra::jit
