@@ -384,6 +384,28 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(total.graphs_recorded() == 1);
   }
 
+  TEST_CASE("cuda fake: an MLP's training graphs replay on a GPU: gradient products read transposed views in place") {
+    FakeDriver fake;
+    auto x = sym::var("x", Shape{8, 20}), w1 = sym::var("w1", Shape{16, 20}), b1 = sym::var("b1", Shape{16});
+    auto w2 = sym::var("w2", Shape{10, 16}), b2 = sym::var("b2", Shape{10});
+    const auto scores = fully_connected(relu(fully_connected(x, w1, b1)), w2, b2);
+    const auto pair = autograd::training_graphs(graph::trace({log_softmax(scores)}), {false, true, true, true, true});
+    jit::Plan forward(graph::optimize(pair.forward), cuda(0), true, "forward");
+    jit::Plan backward(graph::optimize(pair.backward), cuda(0), true, "backward");
+    CHECK(forward.replays_graph());
+    CHECK(backward.replays_graph());  // matmul(transpose(dy), x) and sum(dy, 0) are launch steps
+    auto gemms = [&] { return fake.cublas_hook<long (*)()>("hybra_fake_cublas_gemms")(); };
+    const long before = gemms();
+    std::vector<Tensor> inputs;
+    for (int v : backward.graph().vars())
+      inputs.push_back(ones(*backward.graph().nodes[static_cast<std::size_t>(v)].meta.shape, DType::float32, cuda(0)));
+    for (int call = 0; call < 3; ++call) backward(inputs);
+    waitall();
+    // Called by the first call and the recording only: the weights' gradients and the hidden layer's.
+    CHECK(gemms() - before == 2 * 3);
+    CHECK(backward.graphs_recorded() == 1);
+  }
+
   TEST_CASE("cuda fake: an MLP trains on cuda(0), eager and hybridized: every op of the step has a GPU path") {
     FakeDriver fake;
     for (bool hybridized : {false, true}) {

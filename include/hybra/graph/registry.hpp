@@ -110,7 +110,9 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
     return out.size() * (in[0].ndim() ? in[0].shape().back() : 1);
   };
   static constexpr Cost filtered = [](T in, const Tensor& out) { return out.size() * per_filter(in[1]); };
-  def("matmul", 2, [](T in, A) { return matmul(in[0], in[1]); }, contraction);
+  def("matmul", 2, [](T in, A) { return matmul(in[0], in[1]); }, contraction, [](T in, const Tensor&, A, backend::cuda::Gpu&) {
+    return hybra::detail::linalg::cuda_matmul_launch(in[0], in[1]);
+  });
   def("dot", 2, [](T in, A) { return dot(in[0], in[1]); }, contraction);
   // A reduction's or softmax's launches read the node's attributes as its eager op does.
   using R = jit::Reduction;

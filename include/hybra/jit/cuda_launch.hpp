@@ -22,13 +22,18 @@ namespace hybra::jit {
 struct CudaLaunch {
   std::int64_t scratch_bytes = 0;
   // Queues the op's launches on the GPU's stream: in holds its operands'
-  // data (contiguous, in the op's order), out the result's, scratch at
+  // data (in the op's order), out the result's (contiguous), scratch at
   // least scratch_bytes. It allocates nothing and waits for nothing.
   std::function<void(backend::cuda::Gpu&, std::span<const void* const> in, void* out, void* scratch)> run;
+  // Whether the operands may be views, strided as those the launches were
+  // made for (cuBLAS reads a transposed matrix in place); else they are
+  // contiguous.
+  bool reads_views = false;
 };
 
 // The eager op: queues `launch` on out's GPU as one engine op reading
-// `inputs` (contiguous) and writing out, with scratch memory of its own.
+// `inputs` (laid out as the launch was made for) and writing out, with
+// scratch memory of its own.
 inline void push_cuda_launch(std::string_view op, const std::vector<Tensor>& inputs, const Tensor& out,
                              CudaLaunch launch) {
   const Device device = out.device();

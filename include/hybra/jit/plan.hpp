@@ -235,13 +235,15 @@ inline hybra::detail::nn::Conv2dGeometry conv2d_geometry(const graph::Node& n, s
 }
 
 // A node's launches on a GPU (graph::OpDef::cuda_launch), where its op has
-// them for these operands and they are contiguous (launches read no views).
+// them for these operands: contiguous ones, or views where the launches
+// read views. (An operand's layout is the same at every call.)
 inline std::optional<CudaLaunch> cuda_launch(const graph::Node& n, std::span<const Tensor> in, Device device) {
   const auto& def = graph::find_op(n.op);
   if (!def.cuda_launch) return std::nullopt;
+  auto launch = def.cuda_launch(in, Tensor(*n.meta.shape, *n.meta.dtype, meta()), n.attrs, backend::cuda::gpu(device.id));
   for (const Tensor& t : in)
-    if (!t.is_contiguous()) return std::nullopt;
-  return def.cuda_launch(in, Tensor(*n.meta.shape, *n.meta.dtype, meta()), n.attrs, backend::cuda::gpu(device.id));
+    if (launch && !launch->reads_views && !t.is_contiguous()) return std::nullopt;
+  return launch;
 }
 
 // An elementwise body (every node fusable, one output) as a fused-loop

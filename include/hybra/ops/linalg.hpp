@@ -12,6 +12,8 @@
 // overflow wraps exactly as NumPy's integer matmul does.
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "../backend/cpu/threads.hpp"
 #include "../backend/cuda/cublas.hpp"
 #include "../expr/evaluate.hpp"
+#include "../jit/cuda_launch.hpp"
 #include "layout.hpp"
 
 namespace hybra {
@@ -176,28 +179,37 @@ void product(const Tensor& a, const Tensor& b, const Shape& batch, T* c) {
   else integer_product(a, b, batch, c, M, K, N, B);
 }
 
-// The same product on a GPU: one cuBLAS GEMM per batch item on the GPU's
-// stream (a shared right operand folds the batch into rows, as on the CPU).
-// a and b are in layouts cuBLAS reads (blas_layout), checked by the caller.
-template <class T>
-void gpu_product(const Tensor& a, const Tensor& b, const Shape& batch, const Tensor& c) {
+// The same product on a GPU, as launches (jit/cuda_launch.hpp): one cuBLAS
+// GEMM per batch item on the GPU's stream (a shared right operand folds the
+// batch into rows, as on the CPU). a and b have c's floating dtype and
+// layouts cuBLAS reads (blas_layout); only their shapes and strides are read
+// here, so the launches serve any operands laid out alike.
+inline jit::CudaLaunch cuda_product_launch(const Tensor& a, const Tensor& b, const Shape& batch, DType dtype) {
   const auto na = static_cast<std::size_t>(a.ndim());
   const std::int64_t rows = a.shape()[na - 2], K = a.shape()[na - 1], N = b.shape().back();
   const std::int64_t items = checked_numel(batch);
-  backend::cuda::Gpu& gpu = backend::cuda::gpu(c.device().id);
-  T* pc = static_cast<T*>(c.raw_data());
-  if (items == 0 || rows == 0 || N == 0) return;
-  if (K == 0) {
-    gpu.fill(reinterpret_cast<backend::cuda::CUdeviceptr>(pc), 0, 4,
-             static_cast<std::size_t>(items * rows * N) * sizeof(T) / 4);
-    return;
-  }
-  const batched_product plan(a, b, batch, rows, K, N, items);
-  const T* a0 = static_cast<const T*>(a.raw_data());
-  const T* b0 = static_cast<const T*>(b.raw_data());
-  for (std::int64_t bi = 0; bi < plan.B; ++bi)
-    backend::cuda::gemm<T>(gpu, plan.la.trans, plan.lb.trans, plan.M, N, K, T(1), a0 + plan.a_offset(bi, batch),
-                           plan.la.ld, b0 + plan.b_offset(bi, batch), plan.lb.ld, T(0), pc + bi * plan.M * N, N);
+  jit::CudaLaunch launch{0, [plan = batched_product(a, b, batch, rows, K, N, items), batch, rows, K, N, items, dtype](
+                                backend::cuda::Gpu& gpu, std::span<const void* const> in, void* c, void*) {
+    if (items == 0 || rows == 0 || N == 0) return;
+    dispatch(dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_floating_point_v<T>) {
+        T* pc = static_cast<T*>(c);
+        if (K == 0) {
+          gpu.fill(reinterpret_cast<backend::cuda::CUdeviceptr>(pc), 0, 4,
+                   static_cast<std::size_t>(items * rows * N) * sizeof(T) / 4);
+          return;
+        }
+        const T* a0 = static_cast<const T*>(in[0]);
+        const T* b0 = static_cast<const T*>(in[1]);
+        for (std::int64_t bi = 0; bi < plan.B; ++bi)
+          backend::cuda::gemm<T>(gpu, plan.la.trans, plan.lb.trans, plan.M, N, K, T(1), a0 + plan.a_offset(bi, batch),
+                                 plan.la.ld, b0 + plan.b_offset(bi, batch), plan.lb.ld, T(0), pc + bi * plan.M * N, N);
+      }
+    });
+  }};
+  launch.reads_views = true;
+  return launch;
 }
 
 // Refuses, at the call, a GPU product cuBLAS cannot take: integer dtypes,
@@ -218,6 +230,18 @@ inline Tensor as_matrix(const Tensor& v, bool as_row) {
 }
 
 inline Tensor to_dtype(const Tensor& t, DType d) { return t.dtype() == d ? t : t.astype(d); }
+
+// matmul of operands laid out as a and b on a GPU; nullopt where the eager op
+// must prepare them first (a vector operand, dtypes to promote, a layout
+// cuBLAS cannot read).
+inline std::optional<jit::CudaLaunch> cuda_matmul_launch(const Tensor& a, const Tensor& b) {
+  if (a.ndim() < 2 || b.ndim() < 2 || a.dtype() != b.dtype() || !is_floating(a.dtype()) || !blas_layout(a).ok ||
+      !blas_layout(b).ok)
+    return std::nullopt;
+  const Shape batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2),
+                                       Shape(b.shape().begin(), b.shape().end() - 2), "matmul");
+  return cuda_product_launch(a, b, batch, a.dtype());
+}
 
 }  // namespace detail::linalg
 
@@ -259,12 +283,7 @@ Tensor matmul(A&& a_in, B&& b_in) {
   Tensor out(out_shape, dtype, a.device());
   if (out.device().kind == DeviceKind::cuda) {
     la::require_gpu_product("matmul", dtype, {&a, &b});
-    push_op_on(out.device(), "matmul", {a, b}, {out}, [a, b, batch, out] {
-      dispatch(out.dtype(), [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        if constexpr (std::is_floating_point_v<T>) la::gpu_product<T>(a, b, batch, out);
-      });
-    });
+    jit::push_cuda_launch("matmul", {a, b}, out, la::cuda_product_launch(a, b, batch, dtype));
     return rec.output(out);
   }
   push_op("matmul", {a, b}, {out}, [a, b, batch, out] {
