@@ -1,8 +1,8 @@
 // LeNet on real Fashion-MNIST (Debian's dataset-fashion-mnist), trained with
 // autograd, SGD and data parallelism over the device pool: D2L's "multi-GPU"
-// and "concise multi-GPU" chapters on hybra's CPU devices.
+// and "concise multi-GPU" chapters, on hybra's CPU devices, GPUs or a mix.
 //
-//   train_lenet [--devices cpu0,cpu1] [--epochs 10] [--batch-size 256] [--lr 0.1]
+//   train_lenet [--devices cpu0,cpu1 | cuda0,cuda1] [--epochs 10] [--batch-size 256] [--lr 0.1]
 //               [--hybridize | --no-hybridize] [--csv FILE] [--svg FILE] [--data DIR]
 //   train_lenet --smoke     4096 training images in batches of 64, 1 epoch: a quick check that it learns
 //   mpirun -np 2 train_lenet  the same training over 2 processes: each takes its share of every batch and
@@ -48,7 +48,7 @@ struct Options {
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "train_lenet: " << why
-            << "\nusage: train_lenet [--devices cpu0,cpu1] [--epochs N] [--batch-size B] [--lr X] "
+            << "\nusage: train_lenet [--devices cpu0,cpu1 | cuda0,cuda1] [--epochs N] [--batch-size B] [--lr X] "
                "[--hybridize | --no-hybridize] [--csv FILE] [--svg FILE] [--data DIR] [--smoke]\n";
   std::exit(2);
 }
@@ -76,9 +76,12 @@ Options parse(int argc, char** argv) {
       for (std::size_t at = 0; at <= list.size();) {
         const std::size_t comma = std::min(list.find(',', at), list.size());
         const std::string d = list.substr(at, comma - at);
-        if (d.rfind("cpu", 0) != 0 || d.size() == 3 || d.find_first_not_of("0123456789", 3) != std::string::npos)
-          usage("device '" + d + "' is not cpuN (CUDA devices come with the CUDA backend)");
-        o.devices.push_back(hybra::cpu(std::stoi(d.substr(3))));
+        const std::size_t digits = d.rfind("cpu", 0) == 0 ? 3 : d.rfind("cuda", 0) == 0 ? 4 : 0;
+        if (digits == 0 || d.size() == digits || d.size() > digits + 2 ||
+            d.find_first_not_of("0123456789", digits) != std::string::npos)
+          usage("device '" + d + "' is not cpuN or cudaN");
+        const int id = std::stoi(d.substr(digits));
+        o.devices.push_back(digits == 3 ? hybra::cpu(id) : hybra::cuda(id));
         at = comma + 1;
       }
     } else if (a == "--epochs") {

@@ -1,19 +1,25 @@
-// The GPU's reductions, argmax and softmax without a GPU: the device code of
-// kernels/ runs on the CPU (simt.hpp), launched in the steps
-// jit/cuda_reduce.hpp plans for a GPU, and must compute what the CPU ops
-// compute; and every program NVRTC makes of it compiles for sm_90 with the
-// entries the launches name.
+// The GPU's reductions, argmax, softmax, convolutions, pooling and
+// batch_norm without a GPU: the device code of kernels/ runs on the CPU
+// (simt.hpp), launched in the steps jit/cuda_reduce.hpp and
+// jit/cuda_conv.hpp plan for a GPU (a CPU GEMM standing in for cuBLAS), and
+// must compute what the CPU ops compute; and every program NVRTC makes of
+// it compiles for sm_90 with the entries the launches name.
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <hybra/eager.hpp>
+#include <hybra/ops/conv_backward.hpp>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "simt.hpp"
 // simt.hpp first: it defines the CUDA keywords these use.
+#include <kernels/batch_norm.cuh>
+#include <kernels/conv.cuh>
+#include <kernels/pool.cuh>
 #include <kernels/reduce.cuh>
 #include <kernels/softmax.cuh>
 
@@ -241,4 +247,310 @@ TEST_CASE("cuda kernels: every reduction and softmax program compiles for sm_90,
       CHECK(ptx.find(".entry " + jit::softmax_entry(log, d, false)) != std::string::npos);
       CHECK(ptx.find(".entry " + jit::softmax_entry(log, d, true)) != std::string::npos);
     }
+}
+
+namespace {
+
+// got against want to within `relative` of want's largest magnitude (at
+// least 1): the GPU's sums run in another order than the CPU's.
+void check_near(const Tensor& got, const Tensor& want, double relative) {
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.dtype() == want.dtype());
+  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
+  double scale = 1;
+  for (double v : w)
+    if (std::isfinite(v)) scale = std::max(scale, std::abs(v));
+  int wrong = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const bool same = std::isnan(w[i]) ? std::isnan(g[i]) : std::abs(g[i] - w[i]) <= relative * scale;
+    if (!same && wrong++ < 3) MESSAGE("element ", i, ": ", g[i], " instead of ", w[i]);
+  }
+  CHECK(wrong == 0);
+}
+
+double tolerance(DType d) { return d == DType::float32 ? 1e-5 : 1e-12; }
+
+// cuBLAS's part, on the CPU: c = op(a) op(b) (+ c), row-major as
+// backend::cuda::gemm takes its operands.
+template <class T>
+void cpu_gemm(const jit::ConvStep& s, const T* a, const T* b, T* c) {
+  for (std::int64_t i = 0; i < s.M; ++i)
+    for (std::int64_t j = 0; j < s.N; ++j) {
+      T sum = 0;
+      for (std::int64_t k = 0; k < s.K; ++k)
+        sum += (s.trans_a ? a[k * s.lda + i] : a[i * s.lda + k]) * (s.trans_b ? b[j * s.ldb + k] : b[k * s.ldb + j]);
+      c[i * s.ldc + j] = s.accumulate ? c[i * s.ldc + j] + sum : sum;
+    }
+}
+
+// A pass of the convolution g planned for a GPU (scratch under
+// scratch_limit elements) and run on simulated threads: operands as the
+// op takes them, the result of out_shape.
+Tensor simulated_conv(jit::ConvPass pass, const detail::nn::Conv2dGeometry& g, const std::vector<Tensor>& operands,
+                      const Shape& out_shape, std::int64_t scratch_limit) {
+  const DType d = operands[0].dtype();
+  const bool bias = pass == jit::ConvPass::forward && operands.size() == 3;
+  const jit::ConvPlan plan = jit::plan_conv2d(pass, g, bias, 1, scratch_limit);
+  Tensor out(out_shape, d);
+  std::vector<const void*> in;
+  for (const Tensor& t : operands) {
+    t.wait_to_read();
+    in.push_back(t.raw_data());
+  }
+  const auto geometry = std::bit_cast<kernels::conv_geometry>(g);
+  dispatch(d, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_floating_point_v<T>) {
+      std::vector<T> scratch(static_cast<std::size_t>(plan.scratch_elements) + 1);
+      jit::run_conv_plan(
+          plan, in, out.raw_data(), scratch.data(), sizeof(T),
+          [&](const jit::ConvStep& s, void* a, void* b, void* c) {
+            const T* x = static_cast<const T*>(a);
+            T* y = static_cast<T*>(c);
+            simt::launch(s.grid.blocks, s.grid.threads, [&] {
+              switch (s.kernel) {
+                case jit::ConvKernel::im2col: kernels::im2col(x, y, geometry, s.images); break;
+                case jit::ConvKernel::conv_output:
+                  kernels::conv_output(x, static_cast<const T*>(b), y, geometry, s.images);
+                  break;
+                case jit::ConvKernel::filters_major: kernels::filters_major(x, y, geometry, s.images); break;
+                case jit::ConvKernel::col2im: kernels::col2im(x, y, geometry, s.images); break;
+                case jit::ConvKernel::fill_zero: kernels::fill_zero(y, s.images); break;
+              }
+            });
+          },
+          [&](const jit::ConvStep& s, void* a, void* b, void* c) {
+            cpu_gemm<T>(s, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(c));
+          });
+    }
+  });
+  return out;
+}
+
+struct ConvCase {
+  Shape x, w;
+  bool bias;
+  Size2d stride, padding, dilation;
+  std::int64_t groups;
+};
+
+}  // namespace
+
+TEST_CASE("cuda kernels: conv2d and both its gradients, planned for a GPU and run on simulated threads, are the CPU's") {
+  const std::vector<ConvCase> cases = {
+      {{4, 1, 28, 28}, {6, 1, 5, 5}, true, 1, 2, 1, 1},      // LeNet's first layer
+      {{4, 6, 14, 14}, {16, 6, 5, 5}, true, 1, 0, 1, 1},     // and its second
+      {{3, 4, 9, 8}, {5, 4, 3, 3}, false, 2, 1, 1, 1},       // stride 2, padding
+      {{2, 3, 10, 9}, {4, 3, 3, 2}, true, {1, 2}, {2, 1}, 2, 1},  // dilation, uneven stride and padding
+      {{2, 4, 7, 7}, {6, 2, 3, 3}, true, 2, 1, 1, 2},        // two groups
+      {{2, 3, 6, 6}, {3, 1, 3, 3}, false, 1, 1, 1, 3},       // depthwise
+      {{2, 2, 10, 10}, {3, 2, 2, 2}, true, 3, 0, 1, 1},      // stride beyond the kernel: pixels no window reads
+  };
+  int checked = 0;
+  for (const ConvCase& c : cases)
+    for (DType d : {DType::float32, DType::float64}) {
+      const Tensor x = sample(d, c.x, 3), w = sample(d, c.w, 4), b = sample(d, {c.w[0]}, 5);
+      const auto g = detail::nn::conv2d_geometry(c.x, c.w, c.stride, c.padding, c.dilation, c.groups);
+      const Tensor y = conv2d(x, w, c.bias ? b : Tensor{}, c.stride, c.padding, c.dilation, c.groups);
+      const Tensor dy = sample(d, y.shape(), 6);
+      const Tensor dx = conv2d_backward_data(dy, w, c.x, c.stride, c.padding, c.dilation, c.groups);
+      const Tensor dw = conv2d_backward_weight(dy, x, c.w, c.stride, c.padding, c.dilation, c.groups);
+      // All the images in one chunk, and one or two images a chunk (dW accumulates across chunks).
+      const std::int64_t per_image = (g.C * g.KH * g.KW + g.F) * g.OH * g.OW;
+      for (std::int64_t limit : {jit::conv_scratch_elements, per_image, 2 * per_image + 1}) {
+        CAPTURE(to_string(c.x));
+        CAPTURE(to_string(c.w));
+        CAPTURE(name(d));
+        CAPTURE(limit);
+        const std::vector<Tensor> forward = c.bias ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
+        check_near(simulated_conv(jit::ConvPass::forward, g, forward, y.shape(), limit), y, tolerance(d));
+        check_near(simulated_conv(jit::ConvPass::backward_data, g, {dy, w}, c.x, limit), dx, tolerance(d));
+        check_near(simulated_conv(jit::ConvPass::backward_weight, g, {dy, x}, c.w, limit), dw, tolerance(d));
+        ++checked;
+      }
+    }
+  CHECK(checked == 42);
+  // The plans: LeNet's first layer in one chunk is one im2col, one GEMM, one conv_output; two groups, two GEMMs.
+  const auto lenet = detail::nn::conv2d_geometry({256, 1, 28, 28}, {6, 1, 5, 5}, 1, 2, 1, 1);
+  const auto forward = jit::plan_conv2d(jit::ConvPass::forward, lenet, true, 132);
+  REQUIRE(forward.steps.size() == 3);
+  CHECK(forward.steps[1].gemm);
+  CHECK(forward.steps[1].M == 6);
+  CHECK(forward.steps[1].N == 256 * 28 * 28);
+  CHECK(forward.steps[1].K == 25);
+  const auto weight = jit::plan_conv2d(jit::ConvPass::backward_weight, lenet, false, 132, 31 * 784 * 100);
+  REQUIRE(weight.steps.size() == 9);  // three chunks of at most 100 images: filters_major, im2col, a GEMM each
+  CHECK(!weight.steps[2].accumulate);
+  CHECK(weight.steps[5].accumulate);
+  CHECK(weight.steps[8].accumulate);
+}
+
+TEST_CASE("cuda kernels: a convolution nothing contributes to is zeros, or the bias alone") {
+  for (DType d : {DType::float32, DType::float64}) {
+    CAPTURE(name(d));
+    const Tensor w = sample(d, {0, 2, 3, 3}, 1), dy = zeros({2, 0, 3, 3}, d);
+    const auto no_filters = detail::nn::conv2d_geometry({2, 2, 5, 5}, {0, 2, 3, 3}, 1, 0, 1, 1);
+    check_near(simulated_conv(jit::ConvPass::backward_data, no_filters, {dy, w}, {2, 2, 5, 5}, 1 << 20),
+               zeros({2, 2, 5, 5}, d), 0);
+    const auto no_images = detail::nn::conv2d_geometry({0, 2, 5, 5}, {4, 2, 3, 3}, 1, 0, 1, 1);
+    check_near(simulated_conv(jit::ConvPass::backward_weight, no_images, {zeros({0, 4, 3, 3}, d), zeros({0, 2, 5, 5}, d)},
+                              {4, 2, 3, 3}, 1 << 20),
+               zeros({4, 2, 3, 3}, d), 0);
+    const Tensor x = zeros({2, 0, 5, 5}, d), empty_w = zeros({3, 0, 3, 3}, d), b = sample(d, {3}, 2);
+    const auto no_channels = detail::nn::conv2d_geometry(x.shape(), empty_w.shape(), 1, 0, 1, 1);
+    check_near(simulated_conv(jit::ConvPass::forward, no_channels, {x, empty_w, b}, {2, 3, 3, 3}, 1 << 20),
+               conv2d(x, empty_w, b), 0);
+  }
+}
+
+namespace {
+
+struct PoolCase {
+  Shape x;
+  Size2d kernel, stride, padding;
+  bool count_include_pad;
+};
+
+// A pooling (or its gradient) of geometry g on simulated threads, launched
+// as jit/cuda_conv.hpp launches it.
+template <bool Max>
+Tensor simulated_pool(const detail::nn::Pool2dGeometry& g, const Tensor& x, const Tensor* dy, bool count_include_pad) {
+  const DType d = x.dtype();
+  Tensor out(dy ? x.shape() : Shape{g.N, g.C, g.OH, g.OW}, d);
+  x.wait_to_read();
+  if (dy) dy->wait_to_read();
+  const auto geometry = std::bit_cast<kernels::pool_geometry>(g);
+  dispatch(d, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_floating_point_v<T>) {
+      const T* xs = static_cast<const T*>(x.raw_data());
+      T* ys = static_cast<T*>(out.raw_data());
+      const jit::ElementwiseGrid grid = jit::grid_over(out.size(), 1);
+      simt::launch(grid.blocks, grid.threads, [&] {
+        if (dy) kernels::pool2d_backward<T, Max>(static_cast<const T*>(dy->raw_data()), xs, ys, geometry, count_include_pad);
+        else kernels::pool2d<T, Max>(xs, ys, geometry, count_include_pad);
+      });
+    }
+  });
+  return out;
+}
+
+// Pooling cases of x, max and average, forward and backward, against the CPU.
+void check_pools(const Tensor& x, const PoolCase& c, bool global, std::uint64_t seed_value) {
+  const DType d = x.dtype();
+  const Size2d kernel = global ? Size2d(c.x[2], c.x[3]) : c.kernel;
+  const Size2d stride = global ? Size2d(1) : c.stride, padding = global ? Size2d(0) : c.padding;
+  const bool include_pad = global || c.count_include_pad;
+  const auto g = detail::nn::pool2d_geometry("test", c.x, kernel, stride, padding);
+  for (bool max : {true, false}) {
+    CAPTURE(max);
+    const Tensor y = global ? (max ? global_max_pool2d(x) : global_avg_pool2d(x))
+                            : (max ? max_pool2d(x, kernel, stride, padding)
+                                   : avg_pool2d(x, kernel, stride, padding, include_pad));
+    const Tensor dy = sample(d, y.shape(), seed_value);
+    const Tensor dx = pool2d_backward(dy, x, max, kernel, stride, padding, include_pad);
+    if (max) {
+      check_near(simulated_pool<true>(g, x, nullptr, include_pad), y, 0);  // a maximum is exact
+      check_near(simulated_pool<true>(g, x, &dy, include_pad), dx, 0);    // and so its gradient, summed in the CPU's order
+    } else {
+      check_near(simulated_pool<false>(g, x, nullptr, include_pad), y, tolerance(d));
+      check_near(simulated_pool<false>(g, x, &dy, include_pad), dx, 0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda kernels: max and average pooling and their gradients, run on simulated threads, are the CPU's") {
+  const std::vector<PoolCase> cases = {
+      {{2, 3, 28, 28}, 2, 2, 0, true},         // LeNet's
+      {{2, 3, 9, 9}, 2, 2, 0, true},           // an odd size: the last row and column are in no window
+      {{2, 2, 9, 10}, 3, 2, 1, true},          // overlapping windows, padding
+      {{2, 2, 9, 10}, 3, 2, 1, false},         // average over the input only
+      {{1, 2, 7, 8}, {2, 3}, {1, 2}, {1, 1}, false},
+      {{1, 1, 6, 6}, 3, 1, 0, true},
+  };
+  int checked = 0;
+  for (DType d : {DType::float32, DType::float64}) {
+    for (const PoolCase& c : cases) {
+      CAPTURE(to_string(c.x));
+      CAPTURE(c.kernel);
+      CAPTURE(c.count_include_pad);
+      CAPTURE(name(d));
+      check_pools(sample(d, c.x, 8), c, false, 9);
+      ++checked;
+    }
+    for (const Shape& shape : {Shape{2, 3, 7, 7}, Shape{1, 2, 1, 5}}) {
+      CAPTURE(to_string(shape));
+      check_pools(sample(d, shape, 10), {shape, 1, 1, 0, true}, true, 11);
+      ++checked;
+    }
+  }
+  CHECK(checked == 16);
+}
+
+TEST_CASE("cuda kernels: a max pool's gradient goes to each window's first maximum; NaN wins, its first one") {
+  for (DType d : {DType::float32, DType::float64}) {
+    CAPTURE(name(d));
+    // Few distinct values: most windows hold their maximum more than once.
+    const Tensor ties = random_uniform({2, 2, 8, 9}, 0, 3, DType::float64).astype(DType::int32).astype(d);
+    for (const PoolCase& c : {PoolCase{{2, 2, 8, 9}, 3, 1, 0, true}, PoolCase{{2, 2, 8, 9}, 2, 2, 0, true},
+                              PoolCase{{2, 2, 8, 9}, 3, 2, 1, true}})
+      check_pools(ties, c, false, 12);
+    check_pools(ties, {{2, 2, 8, 9}, 1, 1, 0, true}, true, 13);
+    Tensor nans = sample(d, {1, 1, 4, 4}, 14);
+    nans = where(array<double>({0, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 4, 4}) > 0,
+                 full({1, 1, 4, 4}, NAN, d), nans);
+    check_pools(nans, {{1, 1, 4, 4}, 2, 2, 0, true}, false, 15);
+    check_pools(nans, {{1, 1, 4, 4}, 3, 1, 1, true}, false, 15);
+  }
+}
+
+TEST_CASE("cuda kernels: batch_norm on simulated threads is the CPU's, along any axis") {
+  for (DType d : {DType::float32, DType::float64})
+    for (const auto& [shape, axis] : std::vector<std::pair<Shape, std::int64_t>>{{{3, 4, 5, 2}, 1}, {{6, 5}, -1},
+                                                                                  {{2, 3, 4}, 0}}) {
+      CAPTURE(name(d));
+      CAPTURE(to_string(shape));
+      const auto a = static_cast<std::size_t>(axis < 0 ? axis + static_cast<std::int64_t>(shape.size()) : axis);
+      const std::int64_t C = shape[a];
+      const Tensor x = sample(d, shape, 20), gamma = sample(d, {C}, 21), beta = sample(d, {C}, 22);
+      const Tensor mean = sample(d, {C}, 23), var = abs(sample(d, {C}, 24)) + 0.5;
+      const Tensor want = batch_norm(x, gamma, beta, mean, var, 1e-3, axis);
+      std::int64_t outer = 1, inner = 1;
+      for (std::size_t k = 0; k < shape.size(); ++k) {
+        if (k < a) outer *= shape[k];
+        if (k > a) inner *= shape[k];
+      }
+      Tensor got(shape, d);
+      for (const Tensor& t : {x, gamma, beta, mean, var}) t.wait_to_read();
+      dispatch(d, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (std::is_floating_point_v<T>) {
+          auto p = [](const Tensor& t) { return static_cast<const T*>(t.raw_data()); };
+          const jit::ElementwiseGrid grid = jit::grid_over(x.size(), 1);
+          simt::launch(grid.blocks, grid.threads, [&] {
+            kernels::batch_norm(p(x), p(gamma), p(beta), p(mean), p(var), static_cast<T*>(got.raw_data()), outer, C,
+                                inner, 1e-3);
+          });
+        }
+      });
+      check_near(got, want, tolerance(d));
+    }
+}
+
+TEST_CASE("cuda kernels: every convolution, pooling and batch_norm program compiles for sm_90, with the entries its launches name") {
+  REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
+  for (DType d : {DType::float32, DType::float64}) {
+    CAPTURE(name(d));
+    const std::string conv = jit::cuda_ptx(jit::cuda_conv_program(d), "conv.cu");
+    for (jit::ConvKernel k : {jit::ConvKernel::im2col, jit::ConvKernel::conv_output, jit::ConvKernel::filters_major,
+                              jit::ConvKernel::col2im, jit::ConvKernel::fill_zero})
+      CHECK(conv.find(".entry " + jit::conv_entry(k, d) + "(") != std::string::npos);
+    const std::string pool = jit::cuda_ptx(jit::cuda_pool_program(d), "pool.cu");
+    for (bool max : {false, true})
+      for (bool backward : {false, true}) CHECK(pool.find(".entry " + jit::pool_entry(max, backward, d) + "(") != std::string::npos);
+    const std::string bn = jit::cuda_ptx(jit::cuda_batch_norm_program(d), "batch_norm.cu");
+    CHECK(bn.find(".entry " + jit::batch_norm_entry(d) + "(") != std::string::npos);
+  }
 }

@@ -1,8 +1,10 @@
 // On a real GPU: what cuda(0) computes against what the CPU computes, for
 // every elementwise op of the table in every dtype it keeps, a long fused
 // expression, broadcast operands and views, products through cuBLAS(Lt),
-// reductions, argmax and softmax (eager and in a replayed plan), the
-// chapter's MLP (eager and hybridized, replayed as a CUDA graph), a captured
+// reductions, argmax and softmax (eager and in a replayed plan),
+// convolutions, pooling and their gradients and batch_norm, the chapter's
+// MLP (eager and hybridized, replayed as a CUDA graph) and LeNet (trained on
+// cuda(0)), a captured
 // elementwise graph, copies between the host and GPUs, and the caching
 // allocator.
 // Run by ctest's `gpu_ops` (label `gpu`: hybra_tests --no-skip -ts=gpu);
@@ -262,6 +264,115 @@ TEST_SUITE("gpu" * doctest::skip()) {
         }
         loss.backward();
         trainer.step(64);
+      }
+      std::vector<std::vector<float>> weights;
+      for (const auto& p : net.collect_params()) weights.push_back(p.data().to_vector<float>());
+      return weights;
+    };
+    const auto want = train(cpu(), false);
+    for (bool hybridized : {false, true}) {
+      CAPTURE(hybridized);
+      const auto got = train(cuda(0), hybridized);
+      REQUIRE(got.size() == want.size());
+      int wrong = 0;
+      for (std::size_t k = 0; k < got.size(); ++k)
+        for (std::size_t i = 0; i < got[k].size(); ++i) wrong += !(std::abs(got[k][i] - want[k][i]) <= 1e-4);
+      CHECK(wrong == 0);
+    }
+  }
+
+  TEST_CASE("gpu: conv2d, pooling, their gradients and batch_norm on cuda(0) against the CPU") {
+    if (!gpu_present()) return;
+    int checked = 0;
+    auto same = [&](const Tensor& on_gpu, const Tensor& on_cpu, double tolerance) {
+      CHECK(on_gpu.device() == cuda(0));
+      REQUIRE(on_gpu.shape() == on_cpu.shape());
+      const auto g = on_gpu.to_vector<double>(), c = on_cpu.to_vector<double>();
+      double scale = 1;
+      for (double v : c) scale = std::max(scale, std::abs(v));
+      int wrong = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) wrong += !(std::abs(g[i] - c[i]) <= tolerance * scale);
+      CHECK(wrong == 0);
+      ++checked;
+    };
+    struct Conv {
+      Shape x, w;
+      bool bias;
+      Size2d stride, padding, dilation;
+      std::int64_t groups;
+    };
+    const std::vector<Conv> convs = {{{64, 1, 28, 28}, {6, 1, 5, 5}, true, 1, 2, 1, 1},
+                                     {{64, 6, 14, 14}, {16, 6, 5, 5}, true, 1, 0, 1, 1},
+                                     {{3, 4, 9, 8}, {6, 2, 3, 3}, false, 2, 1, 1, 2},
+                                     {{2, 3, 10, 9}, {4, 3, 3, 2}, true, {1, 2}, {2, 1}, 2, 1}};
+    for (DType d : {DType::float32, DType::float64}) {
+      CAPTURE(name(d));
+      const double tolerance = d == DType::float32 ? 1e-5 : 1e-12;
+      seed(21);
+      for (const Conv& c : convs) {
+        CAPTURE(to_string(c.x));
+        const Tensor x = random_normal(c.x, 0, 1, d), w = random_normal(c.w, 0, 1, d), b = random_normal({c.w[0]}, 0, 1, d);
+        const Tensor y = conv2d(x, w, c.bias ? b : Tensor{}, c.stride, c.padding, c.dilation, c.groups);
+        same(conv2d(x.to(cuda(0)), w.to(cuda(0)), c.bias ? b.to(cuda(0)) : Tensor{}, c.stride, c.padding, c.dilation,
+                    c.groups),
+             y, tolerance);
+        const Tensor dy = random_normal(y.shape(), 0, 1, d);
+        same(conv2d_backward_data(dy.to(cuda(0)), w.to(cuda(0)), c.x, c.stride, c.padding, c.dilation, c.groups),
+             conv2d_backward_data(dy, w, c.x, c.stride, c.padding, c.dilation, c.groups), tolerance);
+        same(conv2d_backward_weight(dy.to(cuda(0)), x.to(cuda(0)), c.w, c.stride, c.padding, c.dilation, c.groups),
+             conv2d_backward_weight(dy, x, c.w, c.stride, c.padding, c.dilation, c.groups), tolerance);
+      }
+      // Few distinct values: windows hold their maximum more than once, and the gradient goes to the first.
+      const Tensor x = random_uniform({4, 3, 13, 14}, 0, 4, DType::float64).astype(DType::int32).astype(d);
+      const Tensor gx = x.to(cuda(0));
+      for (const auto& [kernel, stride, padding] : std::vector<std::tuple<Size2d, Size2d, Size2d>>{
+               {2, 2, 0}, {3, 2, 1}, {{2, 3}, {1, 2}, {1, 1}}}) {
+        CAPTURE(kernel);
+        const Tensor m = max_pool2d(x, kernel, stride, padding);
+        same(max_pool2d(gx, kernel, stride, padding), m, 0);
+        const Tensor dm = random_normal(m.shape(), 0, 1, d);
+        same(pool2d_backward(dm.to(cuda(0)), gx, true, kernel, stride, padding, true),
+             pool2d_backward(dm, x, true, kernel, stride, padding, true), 0);
+        for (bool include_pad : {true, false}) {
+          same(avg_pool2d(gx, kernel, stride, padding, include_pad), avg_pool2d(x, kernel, stride, padding, include_pad),
+               tolerance);
+          same(pool2d_backward(dm.to(cuda(0)), gx, false, kernel, stride, padding, include_pad),
+               pool2d_backward(dm, x, false, kernel, stride, padding, include_pad), tolerance);
+        }
+      }
+      same(global_max_pool2d(gx), global_max_pool2d(x), 0);
+      same(global_avg_pool2d(gx), global_avg_pool2d(x), tolerance);
+      const Tensor gamma = random_normal({3}, 0, 1, d), beta = random_normal({3}, 0, 1, d);
+      const Tensor mean = random_normal({3}, 0, 1, d), var = random_uniform({3}, 0.5, 2, d);
+      same(batch_norm(gx, gamma.to(cuda(0)), beta.to(cuda(0)), mean.to(cuda(0)), var.to(cuda(0))),
+           batch_norm(x, gamma, beta, mean, var), tolerance);
+    }
+    CHECK(checked == 2 * (4 * 3 + 3 * 6 + 3));
+  }
+
+  TEST_CASE("gpu: LeNet trained on cuda(0), eager and hybridized, ends with the CPU's weights") {
+    if (!gpu_present()) return;
+    seed(4);
+    const Tensor X = random_normal({32, 1, 28, 28}, 0, 1);
+    const Tensor y = random_uniform({32}, 0, 10).astype(DType::int32).astype(DType::float32);
+    auto train = [&](Device d, bool hybridized) {
+      nn::HybridSequential net;
+      net.add(nn::Conv2D(6, 5, 1, 2, 1, 1, "relu"), nn::MaxPool2D(2), nn::Conv2D(16, 5, 1, 0, 1, 1, "relu"),
+              nn::MaxPool2D(2), nn::Flatten(), nn::Dense(120, "relu"), nn::Dense(84, "relu"), nn::Dense(10));
+      net.initialize(nn::init::Xavier(), d);
+      if (hybridized) net.hybridize();
+      Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}});
+      nn::SoftmaxCrossEntropyLoss loss_fn;
+      const Tensor Xd = X.to(d), yd = y.to(d);
+      seed(9);  // the weights are drawn at the first call, on the host, for either device
+      for (int step = 0; step < 4; ++step) {
+        Tensor loss;
+        {
+          autograd::record rec;
+          loss = loss_fn(net(Xd), yd);
+        }
+        loss.backward();
+        trainer.step(32);
       }
       std::vector<std::vector<float>> weights;
       for (const auto& p : net.collect_params()) weights.push_back(p.data().to_vector<float>());

@@ -186,7 +186,10 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
                        " kernel=", kernel);
     return conv2d(in[0], in[1], no_bias ? Tensor{} : in[2], size2d(a, "stride", "conv2d"), size2d(a, "pad", "conv2d"),
                   size2d(a, "dilate", "conv2d"), int_attr(a, "num_group", "conv2d"));
-  }, filtered);
+  }, filtered, [](T in, const Tensor&, A a, Gpu gpu) {
+    return hybra::detail::nn::cuda_conv2d_launch(in, size2d(a, "stride", "conv2d"), size2d(a, "pad", "conv2d"),
+                                                 size2d(a, "dilate", "conv2d"), int_attr(a, "num_group", "conv2d"), gpu);
+  });
   def("pool2d", 1, [](T in, A a) {
     const std::string& type = find_attr(a, "pool_type", "pool2d");
     if (type != "max" && type != "avg") fail<ValueError>("pool2d: pool_type '", type, "' is not max or avg");
@@ -196,10 +199,19 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
     const Size2d pad = size2d(a, "pad", "pool2d");
     if (type == "max") return max_pool2d(in[0], kernel, stride, pad);
     return avg_pool2d(in[0], kernel, stride, pad, parse_bool(find_attr(a, "count_include_pad", "pool2d"), "pool2d"));
+  }, nullptr, [](T in, const Tensor&, A a, Gpu gpu) {
+    const bool global = parse_bool(find_attr(a, "global_pool", "pool2d"), "pool2d");
+    return hybra::detail::nn::cuda_pool2d_launch(
+        in[0], find_attr(a, "pool_type", "pool2d") == "max", global, global ? 1 : size2d(a, "kernel", "pool2d"),
+        global ? 1 : size2d(a, "stride", "pool2d"), global ? 0 : size2d(a, "pad", "pool2d"),
+        global || parse_bool(find_attr(a, "count_include_pad", "pool2d"), "pool2d"), gpu);
   });
   def("batch_norm", 5, [](T in, A a) {
     return batch_norm(in[0], in[1], in[2], in[3], in[4], parse_double(find_attr(a, "eps", "batch_norm"), "batch_norm"),
                       int_attr(a, "axis", "batch_norm"));
+  }, nullptr, [](T in, const Tensor&, A a, Gpu gpu) {
+    return hybra::detail::nn::cuda_batch_norm_launch(in, parse_double(find_attr(a, "eps", "batch_norm"), "batch_norm"),
+                                                     int_attr(a, "axis", "batch_norm"), gpu);
   });
   auto gradient = [&](std::string_view name, int arity, Tensor (*eval)(T, A), Cost multiply_adds = nullptr,
                       Launch cuda_launch = nullptr) {
@@ -219,12 +231,22 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
     constexpr std::string_view op = "conv2d_backward_data";
     return conv2d_backward_data(in[0], in[1], shape_attr(a, op), size2d(a, "stride", op), size2d(a, "pad", op),
                                 size2d(a, "dilate", op), int_attr(a, "num_group", op));
-  }, [](T in, const Tensor&) { return in[0].size() * per_filter(in[1]); });
+  }, [](T in, const Tensor&) { return in[0].size() * per_filter(in[1]); }, [](T in, const Tensor& out, A a, Gpu gpu) {
+    constexpr std::string_view op = "conv2d_backward_data";
+    return hybra::detail::nn::cuda_conv2d_backward_launch(jit::ConvPass::backward_data, in, out.shape(),
+                                                          size2d(a, "stride", op), size2d(a, "pad", op),
+                                                          size2d(a, "dilate", op), int_attr(a, "num_group", op), gpu);
+  });
   gradient("conv2d_backward_weight", 2, [](T in, A a) {
     constexpr std::string_view op = "conv2d_backward_weight";
     return conv2d_backward_weight(in[0], in[1], shape_attr(a, op), size2d(a, "stride", op), size2d(a, "pad", op),
                                   size2d(a, "dilate", op), int_attr(a, "num_group", op));
-  }, [](T in, const Tensor& out) { return in[0].size() * per_filter(out); });
+  }, [](T in, const Tensor& out) { return in[0].size() * per_filter(out); }, [](T in, const Tensor& out, A a, Gpu gpu) {
+    constexpr std::string_view op = "conv2d_backward_weight";
+    return hybra::detail::nn::cuda_conv2d_backward_launch(jit::ConvPass::backward_weight, in, out.shape(),
+                                                          size2d(a, "stride", op), size2d(a, "pad", op),
+                                                          size2d(a, "dilate", op), int_attr(a, "num_group", op), gpu);
+  });
   // (dy, data), with the forward pool2d's attributes.
   gradient("pool2d_backward", 2, [](T in, A a) {
     constexpr std::string_view op = "pool2d_backward";
@@ -236,6 +258,16 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
     }
     return pool2d_backward(in[0], in[1], max, size2d(a, "kernel", op), size2d(a, "stride", op), size2d(a, "pad", op),
                            parse_bool(find_attr(a, "count_include_pad", op), op));
+  }, nullptr, [](T in, const Tensor&, A a, Gpu gpu) {
+    constexpr std::string_view op = "pool2d_backward";
+    const bool max = find_attr(a, "pool_type", op) == "max";
+    if (parse_bool(find_attr(a, "global_pool", op), op)) {
+      const Shape& s = in[1].shape();
+      return hybra::detail::nn::cuda_pool2d_backward_launch(in, max, Size2d(s[2], s[3]), 1, 0, true, gpu);
+    }
+    return hybra::detail::nn::cuda_pool2d_backward_launch(in, max, size2d(a, "kernel", op), size2d(a, "stride", op),
+                                                          size2d(a, "pad", op),
+                                                          parse_bool(find_attr(a, "count_include_pad", op), op), gpu);
   });
   return defs;
 }

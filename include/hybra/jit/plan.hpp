@@ -483,7 +483,10 @@ inline void Plan::build_gpu(const std::vector<Tensor>& layout) {
     }
     CudaKernel kernel = cuda_elementwise_kernel(step.loop->program(), shape, strides);
     step.kernel_name = kernel.name;
-    kernels.push_back(std::move(kernel));
+    // Kernels are named by their code: steps that compute alike (the ReLU
+    // after each of two equal convolutions) share one.
+    if (std::none_of(kernels.begin(), kernels.end(), [&](const CudaKernel& k) { return k.name == kernel.name; }))
+      kernels.push_back(std::move(kernel));
   };
   s.replayable = detail::cuda_plan_graphs() && s.draw_blocks == 0;
   for (auto& step : s.steps) {

@@ -29,13 +29,18 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <optional>
 #include <ostream>
+#include <span>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "../backend/cpu/threads.hpp"
+#include "../jit/cuda_conv.hpp"
+#include "../jit/cuda_launch.hpp"
+#include "conv_geometry.hpp"
 #include "nn.hpp"
 
 namespace hybra {
@@ -52,17 +57,6 @@ struct Size2d {
 inline std::ostream& operator<<(std::ostream& os, Size2d s) { return os << '(' << s.h << ", " << s.w << ')'; }
 
 namespace detail::nn {
-
-// A convolution's sizes: input (N, C, H, W), weight (F, C / groups, KH, KW),
-// output (N, F, OH, OW), and the window's stride, padding and dilation.
-struct Conv2dGeometry {
-  std::int64_t N, C, H, W, F, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups;
-};
-
-// A pooling's sizes: input (N, C, H, W), window KH x KW, output (N, C, OH, OW).
-struct Pool2dGeometry {
-  std::int64_t N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw;
-};
 
 inline void require_4d(std::string_view op, const Shape& x) {
   if (x.size() != 4)
@@ -720,6 +714,54 @@ const T* data_or_null(const Tensor& t) {
   return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
 }
 
+// The dtype of operands a GPU's launches take as they are: one floating
+// dtype for all (jit/cuda_conv.hpp); none where the eager op would convert.
+inline std::optional<DType> launch_dtype(std::span<const Tensor> in) {
+  const DType dtype = in[0].dtype();
+  for (const Tensor& t : in)
+    if (t.dtype() != dtype) return std::nullopt;
+  if (!is_floating(dtype)) return std::nullopt;
+  return dtype;
+}
+
+// The ops' launches on a GPU for operands laid out as `in` (a captured
+// plan's, graph::OpDef::cuda_launch); nullopt where the eager op must run.
+// conv2d's operands are (x, w) or (x, w, bias).
+inline std::optional<jit::CudaLaunch> cuda_conv2d_launch(std::span<const Tensor> in, Size2d stride, Size2d padding,
+                                                         Size2d dilation, std::int64_t groups,
+                                                         backend::cuda::Gpu& gpu) {
+  const auto dtype = launch_dtype(in);
+  if (!dtype) return std::nullopt;
+  const Conv2dGeometry g = conv2d_geometry(in[0].shape(), in[1].shape(), stride, padding, dilation, groups);
+  return jit::cuda_conv2d_launch(jit::ConvPass::forward, g, in.size() == 3, *dtype, gpu);
+}
+
+// A pooling of x (global: over each whole plane).
+inline std::optional<jit::CudaLaunch> cuda_pool2d_launch(const Tensor& x, bool max, bool global, Size2d kernel,
+                                                         Size2d stride, Size2d padding, bool count_include_pad,
+                                                         backend::cuda::Gpu& gpu) {
+  const auto dtype = launch_dtype(std::span(&x, 1));
+  if (!dtype) return std::nullopt;
+  const std::string_view op = max ? "max_pool2d" : "avg_pool2d";
+  const Pool2dGeometry g = global ? pool2d_geometry(op, x.shape(), Size2d(x.shape()[2], x.shape()[3]), 1, 0)
+                                  : pool2d_geometry(op, x.shape(), kernel, stride, padding);
+  return jit::cuda_pool2d_launch(max, false, g, count_include_pad, *dtype, gpu);
+}
+
+// batch_norm's operands (x, gamma, beta, running_mean, running_var), x seen
+// as (outer, C, inner) around `axis`.
+inline std::optional<jit::CudaLaunch> cuda_batch_norm_launch(std::span<const Tensor> in, double eps, std::int64_t axis,
+                                                             backend::cuda::Gpu& gpu) {
+  const auto dtype = launch_dtype(in);
+  if (!dtype) return std::nullopt;
+  const Shape& shape = in[0].shape();
+  const int a = hybra::detail::checked_axis(axis, shape, "batch_norm");
+  std::int64_t outer = 1, inner = 1;
+  for (int d = 0; d < a; ++d) outer *= shape[static_cast<std::size_t>(d)];
+  for (int d = a + 1; d < static_cast<int>(shape.size()); ++d) inner *= shape[static_cast<std::size_t>(d)];
+  return jit::cuda_batch_norm_launch(outer, shape[static_cast<std::size_t>(a)], inner, eps, *dtype, gpu);
+}
+
 inline Tensor conv2d_op(Tensor x, const Tensor& weight, const Tensor& bias, Size2d stride, Size2d padding,
                         Size2d dilation, std::int64_t groups) {
   x.require("conv2d");
@@ -731,6 +773,12 @@ inline Tensor conv2d_op(Tensor x, const Tensor& weight, const Tensor& bias, Size
   const auto operands = float_operands<3>("conv2d", {x, weight, bias});
   const Tensor &xc = operands[0], &w = operands[1], &b = operands[2];
   Tensor out({g.N, g.F, g.OH, g.OW}, xc.dtype(), xc.device());
+  if (xc.device().kind == DeviceKind::cuda) {
+    jit::push_cuda_launch("conv2d", b.defined() ? std::vector<Tensor>{xc, w, b} : std::vector<Tensor>{xc, w}, out,
+                          jit::cuda_conv2d_launch(jit::ConvPass::forward, g, b.defined(), xc.dtype(),
+                                                  backend::cuda::gpu(xc.device().id)));
+    return out;
+  }
   push_op("conv2d", {xc, w, b.defined() ? b : w}, {out}, [xc, w, b, out, g] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -748,6 +796,12 @@ Tensor pool2d_op(std::string_view op, Tensor x, Size2d kernel, Size2d stride, Si
   const Pool2dGeometry g = pool2d_geometry(op, x.shape(), kernel, stride, padding);
   x = float_operands<1>(op, {x})[0];
   Tensor out({g.N, g.C, g.OH, g.OW}, x.dtype(), x.device());
+  if (x.device().kind == DeviceKind::cuda) {
+    jit::push_cuda_launch(op, {x}, out,
+                          jit::cuda_pool2d_launch(Max, false, g, count_include_pad, x.dtype(),
+                                                  backend::cuda::gpu(x.device().id)));
+    return out;
+  }
   push_op(op, {x}, {out}, [x, out, g, count_include_pad] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -766,6 +820,10 @@ Tensor global_pool2d_op(std::string_view op, Tensor x) {
     fail<ShapeError>(op, ": input of shape ", to_string(x.shape()), " has empty (height, width) planes");
   x = float_operands<1>(op, {x})[0];
   Tensor out({x.shape()[0], x.shape()[1], 1, 1}, x.dtype(), x.device());
+  if (x.device().kind == DeviceKind::cuda) {
+    jit::push_cuda_launch(op, {x}, out, *cuda_pool2d_launch(x, Max, true, 1, 1, 0, true, backend::cuda::gpu(x.device().id)));
+    return out;
+  }
   push_op(op, {x}, {out}, [x, out] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -799,6 +857,11 @@ inline Tensor batch_norm_op(Tensor x, const Tensor& gamma, const Tensor& beta, c
   std::int64_t outer = 1, inner = 1;
   for (int d = 0; d < a; ++d) outer *= xc.shape()[static_cast<std::size_t>(d)];
   for (int d = a + 1; d < xc.ndim(); ++d) inner *= xc.shape()[static_cast<std::size_t>(d)];
+  if (xc.device().kind == DeviceKind::cuda) {
+    jit::push_cuda_launch("batch_norm", {xc, g, b, m, v}, out,
+                          jit::cuda_batch_norm_launch(outer, C, inner, eps, xc.dtype(), backend::cuda::gpu(xc.device().id)));
+    return out;
+  }
   push_op("batch_norm", {xc, g, b, m, v}, {out}, [xc, g, b, m, v, out, outer, C, inner, eps] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;

@@ -41,6 +41,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <span>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -823,6 +825,31 @@ inline Conv2dGeometry backward_geometry(std::string_view op, const Tensor& dy, c
   return g;
 }
 
+// The gradients' launches on a GPU for operands laid out as `in` (a captured
+// plan's); nullopt where the eager op must run. Both conv2d gradients take
+// (dy, w or x) and the shape of what they return.
+inline std::optional<jit::CudaLaunch> cuda_conv2d_backward_launch(jit::ConvPass pass, std::span<const Tensor> in,
+                                                                  const Shape& out, Size2d stride, Size2d padding,
+                                                                  Size2d dilation, std::int64_t groups,
+                                                                  backend::cuda::Gpu& gpu) {
+  const auto dtype = launch_dtype(in);
+  if (!dtype) return std::nullopt;
+  const bool data = pass == jit::ConvPass::backward_data;
+  const Conv2dGeometry g =
+      conv2d_geometry(data ? out : in[1].shape(), data ? in[1].shape() : out, stride, padding, dilation, groups);
+  return jit::cuda_conv2d_launch(pass, g, false, *dtype, gpu);
+}
+
+// pool2d_backward's operands (dy, x).
+inline std::optional<jit::CudaLaunch> cuda_pool2d_backward_launch(std::span<const Tensor> in, bool max, Size2d kernel,
+                                                                  Size2d stride, Size2d padding,
+                                                                  bool count_include_pad, backend::cuda::Gpu& gpu) {
+  const auto dtype = launch_dtype(in);
+  if (!dtype) return std::nullopt;
+  const Pool2dGeometry g = pool2d_geometry("pool2d_backward", in[1].shape(), kernel, stride, padding);
+  return jit::cuda_pool2d_launch(max, true, g, count_include_pad, *dtype, gpu);
+}
+
 }  // namespace detail::nn
 
 // The gradient of conv2d with respect to its input, of shape x_shape.
@@ -835,6 +862,12 @@ inline Tensor conv2d_backward_data(const Tensor& dy, const Tensor& weight, const
   const auto operands = nn::float_operands<2>(op, {dy, weight});
   const Tensor &d = operands[0], &w = operands[1];
   Tensor dx(x_shape, d.dtype(), d.device());
+  if (d.device().kind == DeviceKind::cuda) {
+    jit::push_cuda_launch(op, {d, w}, dx,
+                          jit::cuda_conv2d_launch(jit::ConvPass::backward_data, g, false, d.dtype(),
+                                                  backend::cuda::gpu(d.device().id)));
+    return dx;
+  }
   push_op(op, {d, w}, {dx}, [d, w, dx, g] {
     dispatch(dx.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -856,6 +889,12 @@ inline Tensor conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Sh
   const auto operands = nn::float_operands<2>(op, {dy, x});
   const Tensor &d = operands[0], &xc = operands[1];
   Tensor dw(weight_shape, d.dtype(), d.device());
+  if (d.device().kind == DeviceKind::cuda) {
+    jit::push_cuda_launch(op, {d, xc}, dw,
+                          jit::cuda_conv2d_launch(jit::ConvPass::backward_weight, g, false, d.dtype(),
+                                                  backend::cuda::gpu(d.device().id)));
+    return dw;
+  }
   push_op(op, {d, xc}, {dw}, [d, xc, dw, g] {
     dispatch(dw.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -880,6 +919,11 @@ inline Tensor pool2d_backward(const Tensor& dy, const Tensor& x, bool max, Size2
   const auto operands = nn::float_operands<2>(op, {dy, x});
   const Tensor &d = operands[0], &xc = operands[1];
   Tensor dx(xc.shape(), d.dtype(), d.device());
+  if (d.device().kind == DeviceKind::cuda) {
+    jit::push_cuda_launch(op, {d, xc}, dx,
+                          jit::cuda_pool2d_launch(max, true, g, count_include_pad, d.dtype(), backend::cuda::gpu(d.device().id)));
+    return dx;
+  }
   push_op(op, {d, xc}, {dx}, [d, xc, dx, g, max, count_include_pad] {
     dispatch(dx.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
