@@ -3,8 +3,8 @@
 // device-to-device copy bandwidth measured in the same run, the round trip
 // of one small eager expression, GEMM 4096^3 through hybra against cuBLAS
 // called directly, the chapter's MLP eager at batch 1, a whole-tensor sum
-// and a row softmax against that bandwidth, a training step of the MLP
-// (eager and hybridized), and the first use of an expression's kernel in a
+// and a row softmax against that bandwidth, a training step of the MLP and
+// of LeNet-5 (eager and hybridized), and the first use of an expression's kernel in a
 // process (an NVRTC compile, or a hit in the kernel cache's disk half when
 // HYBRA_KERNEL_CACHE_DIR already holds it).
 //
@@ -137,16 +137,24 @@ BENCHMARK_CAPTURE(BM_cuda_mlp, hybridized, true)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
-// One SGD training step of the chapter's MLP at batch 256 on cuda(0):
-// forward under record, softmax cross-entropy, backward, update.
-void BM_cuda_mlp_train(benchmark::State& state, bool hybridized) {
+// One SGD training step at batch 256 on cuda(0): forward under record,
+// softmax cross-entropy, backward, update; of the chapter's MLP (512
+// features) or of LeNet-5 as train_lenet builds it (28 x 28 images).
+enum class Model { mlp, lenet };
+
+void BM_cuda_train(benchmark::State& state, Model model, bool hybridized) {
   nn::HybridSequential net;
-  net.add(nn::Dense(256, "relu"), nn::Dense(128, "relu"), nn::Dense(10));
+  if (model == Model::mlp)
+    net.add(nn::Dense(256, "relu"), nn::Dense(128, "relu"), nn::Dense(10));
+  else
+    net.add(nn::Conv2D(6, 5, 1, 2, 1, 1, "relu"), nn::MaxPool2D(2), nn::Conv2D(16, 5, 1, 0, 1, 1, "relu"),
+            nn::MaxPool2D(2), nn::Flatten(), nn::Dense(120, "relu"), nn::Dense(84, "relu"), nn::Dense(10));
   net.initialize(nn::init::Xavier(), cuda(0));
   if (hybridized) net.hybridize();
   Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.01}});
   const nn::SoftmaxCrossEntropyLoss loss_fn;
-  const Tensor X = random_normal({256, 512}, 0, 1, DType::float32, cuda(0));
+  const Shape features = model == Model::mlp ? Shape{256, 512} : Shape{256, 1, 28, 28};
+  const Tensor X = random_normal(features, 0, 1, DType::float32, cuda(0));
   const Tensor y = random_uniform({256}, 0, 10).astype(DType::int32).to(cuda(0));
   auto step = [&] {
     Tensor loss;
@@ -161,12 +169,20 @@ void BM_cuda_mlp_train(benchmark::State& state, bool hybridized) {
   for (int warm = 0; warm < 3; ++warm) step();
   for (auto _ : state) step();
 }
-BENCHMARK_CAPTURE(BM_cuda_mlp_train, eager, false)
+BENCHMARK_CAPTURE(BM_cuda_train, mlp_eager, Model::mlp, false)
     ->Name("BM_cuda_mlp_train/eager")
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_cuda_mlp_train, hybridized, true)
+BENCHMARK_CAPTURE(BM_cuda_train, mlp_hybridized, Model::mlp, true)
     ->Name("BM_cuda_mlp_train/hybridized")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_cuda_train, lenet_eager, Model::lenet, false)
+    ->Name("BM_cuda_lenet_train/eager")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_cuda_train, lenet_hybridized, Model::lenet, true)
+    ->Name("BM_cuda_lenet_train/hybridized")
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
