@@ -35,6 +35,46 @@ Tensor operand(DType dtype, std::uint64_t seed_value) {
   return (is_floating(dtype) ? u : Tensor(u * 2 + 1)).astype(dtype);
 }
 
+// Trains the net `build` makes for `steps` SGD steps on (X, y), on the CPU,
+// then on cuda(0) eager and hybridized, and checks that the GPU's weights
+// end within 1e-4 of the CPU's. The weights are drawn at the first call, on
+// the host, from seed `draws`, whatever the device.
+template <class Build>
+void check_trains_like_cpu(Build build, const Tensor& X, const Tensor& y, int steps, std::uint64_t draws) {
+  auto train = [&](Device d, bool hybridized) {
+    nn::HybridSequential net;
+    build(net);
+    net.initialize(nn::init::Xavier(), d);
+    if (hybridized) net.hybridize();
+    Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}});
+    nn::SoftmaxCrossEntropyLoss loss_fn;
+    const Tensor Xd = X.to(d), yd = y.to(d);
+    seed(draws);
+    for (int step = 0; step < steps; ++step) {
+      Tensor loss;
+      {
+        autograd::record rec;
+        loss = loss_fn(net(Xd), yd);
+      }
+      loss.backward();
+      trainer.step(X.shape()[0]);
+    }
+    std::vector<std::vector<float>> weights;
+    for (const auto& p : net.collect_params()) weights.push_back(p.data().to_vector<float>());
+    return weights;
+  };
+  const auto want = train(cpu(), false);
+  for (bool hybridized : {false, true}) {
+    CAPTURE(hybridized);
+    const auto got = train(cuda(0), hybridized);
+    REQUIRE(got.size() == want.size());
+    int wrong = 0;
+    for (std::size_t k = 0; k < got.size(); ++k)
+      for (std::size_t i = 0; i < got[k].size(); ++i) wrong += !(std::abs(got[k][i] - want[k][i]) <= 1e-4);
+    CHECK(wrong == 0);
+  }
+}
+
 template <class Op>
 void check_op_on_gpu(DType dtype, int& checked) {
   const Tensor a = operand(dtype, 1), b = operand(dtype, 2), c = operand(dtype, 3);
@@ -247,38 +287,7 @@ TEST_SUITE("gpu" * doctest::skip()) {
     if (!gpu_present()) return;
     seed(3);
     const Tensor X = random_normal({64, 20}, 0, 1), y = random_uniform({64}, 0, 10).astype(DType::int32).astype(DType::float32);
-    auto train = [&](Device d, bool hybridized) {
-      nn::HybridSequential net;
-      net.add(nn::Dense(32, "relu"), nn::Dense(10));
-      net.initialize(nn::init::Xavier(), d);
-      if (hybridized) net.hybridize();
-      Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}});
-      nn::SoftmaxCrossEntropyLoss loss_fn;
-      const Tensor Xd = X.to(d), yd = y.to(d);
-      seed(8);  // the weights are drawn at the first call, on the host, for either device
-      for (int step = 0; step < 5; ++step) {
-        Tensor loss;
-        {
-          autograd::record rec;
-          loss = loss_fn(net(Xd), yd);
-        }
-        loss.backward();
-        trainer.step(64);
-      }
-      std::vector<std::vector<float>> weights;
-      for (const auto& p : net.collect_params()) weights.push_back(p.data().to_vector<float>());
-      return weights;
-    };
-    const auto want = train(cpu(), false);
-    for (bool hybridized : {false, true}) {
-      CAPTURE(hybridized);
-      const auto got = train(cuda(0), hybridized);
-      REQUIRE(got.size() == want.size());
-      int wrong = 0;
-      for (std::size_t k = 0; k < got.size(); ++k)
-        for (std::size_t i = 0; i < got[k].size(); ++i) wrong += !(std::abs(got[k][i] - want[k][i]) <= 1e-4);
-      CHECK(wrong == 0);
-    }
+    check_trains_like_cpu([](nn::HybridSequential& net) { net.add(nn::Dense(32, "relu"), nn::Dense(10)); }, X, y, 5, 8);
   }
 
   TEST_CASE("gpu: conv2d, pooling, their gradients and batch_norm on cuda(0) against the CPU") {
@@ -355,39 +364,12 @@ TEST_SUITE("gpu" * doctest::skip()) {
     seed(4);
     const Tensor X = random_normal({32, 1, 28, 28}, 0, 1);
     const Tensor y = random_uniform({32}, 0, 10).astype(DType::int32).astype(DType::float32);
-    auto train = [&](Device d, bool hybridized) {
-      nn::HybridSequential net;
-      net.add(nn::Conv2D(6, 5, 1, 2, 1, 1, "relu"), nn::MaxPool2D(2), nn::Conv2D(16, 5, 1, 0, 1, 1, "relu"),
-              nn::MaxPool2D(2), nn::Flatten(), nn::Dense(120, "relu"), nn::Dense(84, "relu"), nn::Dense(10));
-      net.initialize(nn::init::Xavier(), d);
-      if (hybridized) net.hybridize();
-      Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}});
-      nn::SoftmaxCrossEntropyLoss loss_fn;
-      const Tensor Xd = X.to(d), yd = y.to(d);
-      seed(9);  // the weights are drawn at the first call, on the host, for either device
-      for (int step = 0; step < 4; ++step) {
-        Tensor loss;
-        {
-          autograd::record rec;
-          loss = loss_fn(net(Xd), yd);
-        }
-        loss.backward();
-        trainer.step(32);
-      }
-      std::vector<std::vector<float>> weights;
-      for (const auto& p : net.collect_params()) weights.push_back(p.data().to_vector<float>());
-      return weights;
-    };
-    const auto want = train(cpu(), false);
-    for (bool hybridized : {false, true}) {
-      CAPTURE(hybridized);
-      const auto got = train(cuda(0), hybridized);
-      REQUIRE(got.size() == want.size());
-      int wrong = 0;
-      for (std::size_t k = 0; k < got.size(); ++k)
-        for (std::size_t i = 0; i < got[k].size(); ++i) wrong += !(std::abs(got[k][i] - want[k][i]) <= 1e-4);
-      CHECK(wrong == 0);
-    }
+    check_trains_like_cpu(
+        [](nn::HybridSequential& net) {
+          net.add(nn::Conv2D(6, 5, 1, 2, 1, 1, "relu"), nn::MaxPool2D(2), nn::Conv2D(16, 5, 1, 0, 1, 1, "relu"),
+                  nn::MaxPool2D(2), nn::Flatten(), nn::Dense(120, "relu"), nn::Dense(84, "relu"), nn::Dense(10));
+        },
+        X, y, 4, 9);
   }
 
   TEST_CASE("gpu: freed memory is reused, and running out is an OutOfMemory naming the GPU") {

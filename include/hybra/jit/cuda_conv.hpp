@@ -105,32 +105,13 @@ inline ConvPlan plan_conv2d(ConvPass pass, const Conv2dGeometry& g, bool bias, i
   auto result = [](i64 offset) { return ConvOperand{B::result, 0, offset}; };
   auto scratch = [](i64 offset) { return ConvOperand{B::scratch, 0, offset}; };
   auto kernel = [&](ConvKernel k, ConvOperand a, ConvOperand b, ConvOperand c, i64 images, i64 elements) {
-    ConvStep s;
-    s.kernel = k;
-    s.a = a;
-    s.b = b;
-    s.c = c;
-    s.images = images;
-    s.grid = grid_over(elements, multiprocessors);
-    plan.steps.push_back(s);
+    plan.steps.push_back(
+        ConvStep{.kernel = k, .a = a, .b = b, .c = c, .images = images, .grid = grid_over(elements, multiprocessors)});
   };
   auto gemm = [&](bool trans_a, bool trans_b, i64 M, i64 N, i64 K_, ConvOperand a, i64 lda, ConvOperand b, i64 ldb,
                   ConvOperand c, i64 ldc, bool accumulate) {
-    ConvStep s;
-    s.gemm = true;
-    s.a = a;
-    s.b = b;
-    s.c = c;
-    s.trans_a = trans_a;
-    s.trans_b = trans_b;
-    s.accumulate = accumulate;
-    s.M = M;
-    s.N = N;
-    s.K = K_;
-    s.lda = lda;
-    s.ldb = ldb;
-    s.ldc = ldc;
-    plan.steps.push_back(s);
+    plan.steps.push_back(ConvStep{.gemm = true, .a = a, .b = b, .c = c, .trans_a = trans_a, .trans_b = trans_b,
+                                  .accumulate = accumulate, .M = M, .N = N, .K = K_, .lda = lda, .ldb = ldb, .ldc = ldc});
   };
 
   const i64 result_size = pass == ConvPass::forward         ? g.N * g.F * P
