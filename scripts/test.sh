@@ -124,7 +124,9 @@ fi
 stage "fuzz" tests/fuzz/run.sh
 
 # sanitized NAME DIR FLAGS CMAKE_ARGS...: configure DIR with the sanitizer
-# FLAGS (compile and link), build the unit tests and examples, run them.
+# FLAGS (compile and link), build the unit tests and examples, run them. The
+# stand-in GPU tests read the kernels stage 1 compiled (NVRTC's output does
+# not depend on the sanitizer) from its kernel cache.
 # Compile-fail and packaging tests do not run sanitized code: stage 1 ran them,
 # as it builds the nvcc-compiled programs (HYBRA_NVCC), which no sanitizer sees.
 sanitized() {
@@ -132,7 +134,7 @@ sanitized() {
   if stage "$name configure" cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
        "-DCMAKE_CXX_FLAGS=$flags" -DCMAKE_CXX_FLAGS_DEBUG=-g1 "-DCMAKE_EXE_LINKER_FLAGS=$flags" \
        -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=OFF -DHYBRA_NVCC=OFF \
-       --log-level=WARNING "$@"; then
+       "-DHYBRA_TEST_KERNEL_CACHE=$(realpath -m "$BUILD_DIR")/tests/kernel_cache" --log-level=WARNING "$@"; then
     if stage "$name build" cmake --build "$dir" --parallel "$BUILD_JOBS"; then
       stage "$name ctest" run_ctest "$dir" -LE 'compile_fail|consumer'
     else
