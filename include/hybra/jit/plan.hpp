@@ -8,10 +8,10 @@
 // On a GPU the fused loops are kernels generated from the same programs (one
 // NVRTC compile for the plan), fully_connected is one cuBLASLt GEMM whose
 // epilogue adds the bias and, when the graph applies one next, the ReLU; an
-// op with launches of its own (reductions, softmax: graph::OpDef::cuda_launch)
-// runs them in the plan's buffers; and from the second call on, a plan whose
-// steps are all of these replays them as one CUDA graph (cuda_plan_graphs
-// below).
+// op with launches of its own (reductions, softmax, matmul, convolutions,
+// pooling: graph::OpDef::cuda_launch) runs them in the plan's buffers; and
+// from the second call on, a plan whose steps are all of these replays them
+// as one CUDA graph (cuda_plan_graphs below).
 //
 // Memory planning: every intermediate value a step writes gets a slice of one
 // preallocated workspace; values whose lifetimes do not overlap share a
