@@ -15,6 +15,8 @@
 #include <hybra/hybra.hpp>
 #include <string>
 
+#include "training.hpp"
+
 using namespace hybra;
 
 namespace {
@@ -145,19 +147,9 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
       add_lenet(net, DType::float64);
       net.initialize(nn::init::Xavier(), cuda(0));
       if (hybridized) net.hybridize();
-      Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}});
-      nn::SoftmaxCrossEntropyLoss loss_fn;
       const Tensor X = ones({8, 1, 28, 28}, DType::float64, cuda(0)), y = zeros({8}, DType::int32, cuda(0));
       const long launches = fake.launches(), gemms = fake.gemms();
-      for (int step = 0; step < 2; ++step) {
-        Tensor loss;
-        {
-          autograd::record rec;
-          loss = loss_fn(net(X), y);
-        }
-        loss.backward();
-        trainer.step(8);
-      }
+      test::train_steps(net, X, y, 2);
       waitall();  // an op without a GPU path would have thrown, naming itself
       CHECK(fake.launches() > launches);
       CHECK(fake.gemms() > gemms);  // the convolutions' products, forward and backward

@@ -22,6 +22,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include "training.hpp"
+
 using namespace hybra;
 
 namespace {
@@ -414,19 +416,9 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
       net.add(nn::Dense(16, "relu"), nn::Dense(10));
       net.initialize(nn::init::Normal(0.01), cuda(0));
       if (hybridized) net.hybridize();
-      Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}});
-      nn::SoftmaxCrossEntropyLoss loss_fn;
       const Tensor X = ones({8, 20}, DType::float32, cuda(0)), y = zeros({8}, DType::int32, cuda(0));  // int labels
       const long launches = fake.calls("cuLaunchKernel");
-      for (int step = 0; step < 2; ++step) {
-        Tensor loss;
-        {
-          autograd::record rec;
-          loss = loss_fn(net(X), y);
-        }
-        loss.backward();
-        trainer.step(8);
-      }
+      test::train_steps(net, X, y, 2);
       waitall();  // an op without a GPU path would have thrown, naming itself
       CHECK(fake.calls("cuLaunchKernel") > launches);
       for (const auto& p : net.collect_params()) {

@@ -18,6 +18,8 @@
 #include <tuple>
 #include <vector>
 
+#include "training.hpp"
+
 using namespace hybra;
 
 namespace {
@@ -46,19 +48,8 @@ void check_trains_like_cpu(Build build, const Tensor& X, const Tensor& y, int st
     build(net);
     net.initialize(nn::init::Xavier(), d);
     if (hybridized) net.hybridize();
-    Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}});
-    nn::SoftmaxCrossEntropyLoss loss_fn;
-    const Tensor Xd = X.to(d), yd = y.to(d);
     seed(draws);
-    for (int step = 0; step < steps; ++step) {
-      Tensor loss;
-      {
-        autograd::record rec;
-        loss = loss_fn(net(Xd), yd);
-      }
-      loss.backward();
-      trainer.step(X.shape()[0]);
-    }
+    test::train_steps(net, X.to(d), y.to(d), steps);
     std::vector<std::vector<float>> weights;
     for (const auto& p : net.collect_params()) weights.push_back(p.data().to_vector<float>());
     return weights;
