@@ -41,15 +41,14 @@ using Pool2dGeometry = hybra::detail::nn::Pool2dGeometry;
 static_assert(sizeof(Conv2dGeometry) == 16 * sizeof(long long) && sizeof(long long) == sizeof(std::int64_t));
 static_assert(sizeof(Pool2dGeometry) == 12 * sizeof(long long));
 
-// How an elementwise kernel of these files covers `elements`: blocks of 256
-// threads in a grid-stride loop, at most enough blocks to fill the GPU.
+// How an elementwise kernel of these files covers `elements`, as Gpu::launch
+// would; fixed when the steps are planned, so a test can run the same grid.
 struct ElementwiseGrid {
   unsigned blocks, threads;
 };
 
 inline ElementwiseGrid grid_over(std::int64_t elements, int multiprocessors) {
-  const std::int64_t cap = std::int64_t{std::max(1, multiprocessors)} * 32;
-  return {static_cast<unsigned>(std::clamp<std::int64_t>((elements + 255) / 256, 1, cap)), 256};
+  return {backend::cuda::Gpu::elementwise_blocks(elements, multiprocessors), backend::cuda::Gpu::threads_per_block};
 }
 
 // ---- convolutions ----

@@ -73,13 +73,18 @@ class Gpu {
     return f;
   }
 
-  // Launches an elementwise kernel over n elements on the stream: a
-  // grid-stride loop, so the grid is capped at enough blocks to fill the GPU.
+  // The blocks of threads_per_block threads an elementwise kernel over n
+  // elements is launched with: a grid-stride loop, so at least one, and at
+  // most enough to fill a GPU of `multiprocessors` SMs.
+  static unsigned elementwise_blocks(std::int64_t n, int multiprocessors) {
+    const std::int64_t cap = std::max(1, multiprocessors) * std::int64_t{32};
+    return static_cast<unsigned>(std::clamp<std::int64_t>((n + threads_per_block - 1) / threads_per_block, 1, cap));
+  }
+
+  // Launches an elementwise kernel over n elements on the stream.
   void launch(CUfunction f, std::int64_t n, void** args, std::string_view what) {
     if (n <= 0) return;
-    const std::int64_t wanted = (n + threads_per_block - 1) / threads_per_block;
-    const std::int64_t cap = std::max(1, info_.multiprocessors) * std::int64_t{32};
-    launch_grid(f, static_cast<unsigned>(std::min(wanted, cap)), threads_per_block, args, what);
+    launch_grid(f, elementwise_blocks(n, info_.multiprocessors), threads_per_block, args, what);
   }
 
   // Launches a kernel of `blocks` blocks of `threads` threads on the stream.
