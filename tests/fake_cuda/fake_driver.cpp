@@ -1,14 +1,20 @@
 // A stand-in for the CUDA driver (libcuda.so.1), for testing on machines
 // with no GPU what hybra does around the GPU: enumerating devices, memory
 // and its caching, copies through pinned staging, loading PTX, launching,
-// and reporting errors. It has two "GPUs" whose memory is host memory
-// (HYBRA_FAKE_CUDA_MEMORY bytes each, default 64 MiB), runs copies at once,
-// and launches nothing: a launch is recorded, not run, so what kernels
-// compute is checked only on a real GPU (tests/gpu). Stream capture records
-// a stream's copies, memsets, launches and the stand-in cuBLAS's products
-// (hybra_fake_cuda_on_stream) into a graph that cuGraphLaunch replays. The
-// test hooks at the end let a test inject a device error and count calls.
+// ordering work between streams and the host, and reporting errors. It has
+// two "GPUs" whose memory is host memory (HYBRA_FAKE_CUDA_MEMORY bytes each,
+// default 64 MiB). Each stream is a thread that runs what is queued on it in
+// order, later than the call that queued it, as a GPU does: copies, memsets,
+// the stand-in cuBLAS's products (hybra_fake_cuda_on_stream), event records
+// and waits. A launch is recorded, not run, so what kernels compute is
+// checked only on a real GPU (tests/gpu). Reading a result before waiting for
+// it is a race that ThreadSanitizer reports, and freeing memory that queued
+// work still uses a use-after-free that AddressSanitizer reports. Stream
+// capture records a stream's work into a graph that cuGraphLaunch queues.
+// The test hooks at the end let a test inject a device error and count calls.
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +24,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -71,7 +78,61 @@ void count(const char* call) {
 // Contexts are the GPU's number plus one, cast to a pointer.
 int gpu_of(void* context) { return static_cast<int>(reinterpret_cast<std::intptr_t>(context)) - 1; }
 
-// Runs work now, or records it when the stream is being captured.
+// A stream: a thread running its work in order. Streams live as long as
+// the process, as hybra's do.
+class Stream {
+ public:
+  Stream() : thread_([this] { run(); }) { thread_.detach(); }
+
+  void queue(std::function<void()> work) {
+    std::lock_guard g(mutex_);
+    work_.push_back(std::move(work));
+    changed_.notify_all();
+  }
+
+  // Blocks until everything queued so far has run.
+  void drain() {
+    std::unique_lock l(mutex_);
+    changed_.wait(l, [&] { return work_.empty() && !busy_; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock l(mutex_);
+    for (;;) {
+      changed_.wait(l, [&] { return !work_.empty(); });
+      std::function<void()> work = std::move(work_.front());
+      work_.pop_front();
+      busy_ = true;
+      l.unlock();
+      work();
+      l.lock();
+      busy_ = false;
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> work_;
+  bool busy_ = false;
+  std::thread thread_;
+};
+
+// An event: the number of times it was recorded, and of the records its
+// stream has reached.
+struct Event {
+  std::mutex mutex;
+  std::condition_variable reached;
+  std::uint64_t recorded = 0, completed = 0;
+
+  void wait_for(std::uint64_t record) {
+    std::unique_lock l(mutex);
+    reached.wait(l, [&] { return completed >= record; });
+  }
+};
+
+// Queues work on the stream, or records it when the stream is being captured.
 void on_stream(void* stream, std::function<void()> work) {
   {
     State& s = state();
@@ -81,7 +142,17 @@ void on_stream(void* stream, std::function<void()> work) {
       return;
     }
   }
-  work();
+  static_cast<Stream*>(stream)->queue(std::move(work));
+}
+
+// The injected error, if one is pending (hybra_fake_cuda_fail_next_sync), for a wait that `call` names.
+CUresult sync_result(const char* call) {
+  State& s = state();
+  std::lock_guard g(s.mutex);
+  ++s.calls[call];
+  CUresult r = s.next_sync_error;
+  s.next_sync_error = success;
+  return r;
 }
 
 }  // namespace
@@ -229,25 +300,52 @@ CUresult cuMemsetD32Async(unsigned long long dst, unsigned value, std::size_t co
   return success;
 }
 CUresult cuStreamCreate(void** stream, unsigned) {
-  static std::atomic<int> streams{0};
-  *stream = reinterpret_cast<void*>(static_cast<std::intptr_t>(++streams));
+  *stream = new Stream;
   return success;
 }
-CUresult cuStreamSynchronize(void*) {
-  State& s = state();
-  std::lock_guard g(s.mutex);
-  ++s.calls["cuStreamSynchronize"];
-  CUresult r = s.next_sync_error;
-  s.next_sync_error = success;
-  return r;
+CUresult cuStreamSynchronize(void* stream) {
+  static_cast<Stream*>(stream)->drain();
+  return sync_result("cuStreamSynchronize");
 }
 CUresult cuEventCreate(void** event, unsigned) {
-  static std::atomic<int> events{0};
-  *event = reinterpret_cast<void*>(static_cast<std::intptr_t>(++events));
+  *event = new Event;
   return success;
 }
-CUresult cuEventRecord(void*, void*) { return success; }
-CUresult cuEventSynchronize(void*) { return success; }
+CUresult cuEventRecord(void* event, void* stream) {
+  auto* e = static_cast<Event*>(event);
+  std::uint64_t record;
+  {
+    std::lock_guard g(e->mutex);
+    record = ++e->recorded;
+  }
+  on_stream(stream, [e, record] {
+    std::lock_guard g(e->mutex);
+    e->completed = std::max(e->completed, record);
+    e->reached.notify_all();
+  });
+  return success;
+}
+CUresult cuEventSynchronize(void* event) {
+  auto* e = static_cast<Event*>(event);
+  std::uint64_t record;
+  {
+    std::lock_guard g(e->mutex);
+    record = e->recorded;
+  }
+  e->wait_for(record);
+  return sync_result("cuEventSynchronize");
+}
+CUresult cuStreamWaitEvent(void* stream, void* event, unsigned) {
+  count("cuStreamWaitEvent");
+  auto* e = static_cast<Event*>(event);
+  std::uint64_t record;
+  {
+    std::lock_guard g(e->mutex);
+    record = e->recorded;
+  }
+  on_stream(stream, [e, record] { e->wait_for(record); });
+  return success;
+}
 
 CUresult cuModuleLoadData(void** module, const void* image) {
   count("cuModuleLoadData");
@@ -312,10 +410,13 @@ CUresult cuGraphDestroy(void* graph) {
 }
 
 // Test hooks.
+// The next wait for a stream or an event reports r, as a device-side error would.
 void hybra_fake_cuda_fail_next_sync(CUresult r) {
   std::lock_guard g(state().mutex);
   state().next_sync_error = r;
 }
+// For the stand-in NCCL, which sums on the host: waits for what the stream has queued.
+void hybra_fake_cuda_drain(void* stream) { static_cast<Stream*>(stream)->drain(); }
 long hybra_fake_cuda_calls(const char* call) {
   std::lock_guard g(state().mutex);
   return state().calls[call];

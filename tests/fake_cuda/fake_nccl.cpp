@@ -6,7 +6,8 @@
 // Built with HYBRA_FAKE_NCCL_MPI (as libhybra_fake_nccl_mpi.so, for the MPI
 // tests), a communicator of ncclCommInitRank spans processes, and its
 // allreduce is MPI_Allreduce over MPI_COMM_WORLD on that (host) memory;
-// otherwise only one rank is stood in for.
+// otherwise only one rank is stood in for. The buffers are summed once the
+// work queued before the allreduce on each communicator's stream has run.
 #ifdef HYBRA_FAKE_NCCL_MPI
 #include <mpi.h>
 #endif
@@ -20,6 +21,8 @@
 #include <string>
 #include <vector>
 
+extern "C" void hybra_fake_cuda_drain(void* stream);
+
 namespace {
 
 constexpr int success = 0, invalid_argument = 4, invalid_usage = 5;
@@ -29,6 +32,7 @@ struct Pending {
   void* receive;
   std::size_t count;
   int datatype;
+  void* stream;
 };
 
 struct Clique;
@@ -61,6 +65,7 @@ int reduce(Clique& c) {
     if (!q) return invalid_usage;  // a member of the clique has not joined: NCCL would wait forever
   for (const Pending& p : c.pending)
     if (p.count != c.pending.front().count || p.datatype != c.pending.front().datatype) return invalid_argument;
+  for (const Pending& p : c.pending) hybra_fake_cuda_drain(p.stream);
   switch (c.pending.front().datatype) {
     case 1: sum_into<std::uint8_t>(c); break;
     case 2: sum_into<std::int32_t>(c); break;
@@ -144,7 +149,7 @@ int ncclGroupStart() {
   return success;
 }
 
-int ncclAllReduce(const void* send, void* receive, std::size_t count, int datatype, int op, void* comm, void*) {
+int ncclAllReduce(const void* send, void* receive, std::size_t count, int datatype, int op, void* comm, void* stream) {
   std::lock_guard g(mutex);
   ++calls["ncclAllReduce"];
   if (op != 0) return invalid_argument;  // hybra only sums
@@ -156,6 +161,7 @@ int ncclAllReduce(const void* send, void* receive, std::size_t count, int dataty
                               : datatype == 4 ? MPI_INT64_T
                               : datatype == 7 ? MPI_FLOAT
                                               : MPI_DOUBLE;
+    hybra_fake_cuda_drain(stream);
     return MPI_Allreduce(send == receive ? MPI_IN_PLACE : send, receive, static_cast<int>(count), type, MPI_SUM,
                          MPI_COMM_WORLD) == MPI_SUCCESS
                ? success
@@ -163,7 +169,7 @@ int ncclAllReduce(const void* send, void* receive, std::size_t count, int dataty
   }
 #endif
   Clique& clique = *c.clique;
-  clique.pending[static_cast<std::size_t>(c.rank)] = Pending{send, receive, count, datatype};
+  clique.pending[static_cast<std::size_t>(c.rank)] = Pending{send, receive, count, datatype, stream};
   clique.queued[static_cast<std::size_t>(c.rank)] = true;
   if (group_depth == 0) return clique.comms.size() == 1 ? reduce(clique) : invalid_usage;
   in_group.push_back(&clique);

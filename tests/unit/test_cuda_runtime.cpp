@@ -187,11 +187,50 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(fake.calls("cuModuleLoadData") == loads);
   }
 
-  TEST_CASE("cuda fake: an error the device reports after a launch fails the op that launched it") {
+  TEST_CASE("cuda fake: GPU ops do not wait for their work; another GPU waits on its stream, the host on an event") {
+    FakeDriver fake;
+    const std::vector<float> values = staged_values(1 << 16);
+    Tensor y = array<float>(values, {1 << 16}, cuda(0));
+    waitall();
+    const long stream_syncs = fake.calls("cuStreamSynchronize"), stream_waits = fake.calls("cuStreamWaitEvent");
+    // Each copy is queued on the receiving GPU's stream behind a wait for the other GPU's work.
+    for (int k = 1; k <= 10; ++k) y = y.to(cuda(k % 2));
+    Tensor host = y.to(cpu());
+    Tensor sum = host + 1;  // a host op: waits for the copy's event first
+    std::vector<float> expected = values;
+    for (float& v : expected) v += 1;
+    CHECK(sum.to_vector<float>() == expected);
+    CHECK(fake.calls("cuStreamSynchronize") == stream_syncs);
+    CHECK(fake.calls("cuStreamWaitEvent") == stream_waits + 10);
+  }
+
+  TEST_CASE("cuda fake: an error the device reports after a launch is reported by every wait for that work, naming the op") {
     FakeDriver fake;
     Tensor a = ones({4}, DType::float32, cuda(0));
     waitall();
-    fake.fail_next_sync(700);  // CUDA_ERROR_ILLEGAL_ADDRESS
+    const std::string reported =
+        "the work queued on cuda(0) up to the end of op 'exp(Tensor * int)' failed on the device: "
+        "CUDA_ERROR_ILLEGAL_ADDRESS (700): an illegal memory access was encountered";
+    fake.fail_next_sync(700);
+    Tensor y = exp(a * 3);
+    CHECK_THROWS_WITH_AS(y.wait_to_read(), doctest::Contains(reported.c_str()), DeviceError);
+    CHECK_THROWS_WITH_AS(y.wait_to_read(), doctest::Contains(reported.c_str()), DeviceError);
+    CHECK_THROWS_WITH_AS(waitall(), doctest::Contains(reported.c_str()), DeviceError);  // the GPU's latest work
+    CHECK_NOTHROW(waitall());
+    CHECK_NOTHROW(Tensor(exp(a * 3)).wait_to_read());
+
+    fake.fail_next_sync(700);
+    Tensor unread = exp(a * 3);  // no wait names it: waitall reports it
+    CHECK_THROWS_WITH_AS(waitall(), doctest::Contains(reported.c_str()), DeviceError);
+    CHECK_NOTHROW(waitall());
+  }
+
+  TEST_CASE("cuda fake: with synchronous ops, a device error fails the very op that caused it") {
+    FakeDriver fake;
+    Tensor a = ones({4}, DType::float32, cuda(0));
+    waitall();
+    backend::cuda::set_synchronous_ops(true);
+    fake.fail_next_sync(700);
     Tensor y = exp(a * 3);
     CHECK_THROWS_WITH_AS(y.wait_to_read(), doctest::Contains("engine op 'exp(Tensor * int)' on cuda(0) failed"),
                          DeviceError);
@@ -199,6 +238,7 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
                          doctest::Contains("CUDA_ERROR_ILLEGAL_ADDRESS (700): an illegal memory access was encountered"),
                          DeviceError);
     CHECK_NOTHROW(Tensor(exp(a * 3)).wait_to_read());
+    backend::cuda::set_synchronous_ops(false);
   }
 
   TEST_CASE("cuda fake: products go to cuBLAS row-major, transposed views and batches included") {

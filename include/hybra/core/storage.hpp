@@ -38,10 +38,22 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   ~Storage() {
-    if (gpu_memory_)
+    if (gpu_memory_) {
+      // Work of this GPU that may still use the block runs before whatever
+      // the block is handed to next (CachingAllocator::release); another
+      // GPU's (a copy from the block, queued on that GPU's stream) must be done first.
+      for (const auto& f : var_.gpu_fences()) {
+        if (f.gpu == device_.id) continue;
+        try {
+          f.fence->wait();
+        } catch (const Error&) {
+          return;  // the block is kept from reuse: that work's end is unknown (its waits report the error)
+        }
+      }
       gpu_memory_->release(reinterpret_cast<backend::cuda::CUdeviceptr>(data_));
-    else
+    } else {
       std::free(data_);
+    }
   }
 
   void* data() const { return data_; }

@@ -2,8 +2,8 @@
 // One device's queue of ready ops and the host threads that run them. A
 // cpu(i) device has one or more workers, which compute its ops. A cuda(i)
 // device has one, the host thread of its stream: it runs each op, which
-// queues the op's kernels and copies on the stream, and waits for the stream
-// before the op counts as done (backend/cuda/gpu.hpp, run_op).
+// queues the op's kernels and copies on the stream and counts as done
+// (backend/cuda/gpu.hpp, run_op).
 #include <atomic>
 #include <condition_variable>
 #include <mutex>

@@ -25,10 +25,13 @@
 // side). It is ordered, fails and is waited for like any other op; a
 // sleeping worker is woken to help with its loops (helping.hpp).
 //
-// GPU ops: cuda(i) has one host thread, which runs each op (queuing its
-// kernels and copies on the GPU's stream) and waits for the stream before
-// the op counts as done, so a device-side error fails the op that caused it
-// (backend/cuda/gpu.hpp, run_op).
+// GPU ops: cuda(i) has one host thread, which runs each op: the op queues
+// its kernels and copies on the GPU's stream and counts as done. The fence
+// that ends its work is kept on the vars it used; an op on another device
+// waits for it first (a GPU on its stream, a CPU op on the host), and so do
+// wait_to_read and waitall (backend/cuda/gpu.hpp, run_op and Fence). An
+// error the device reports is thrown by each wait for that fence: a CPU op
+// that waited fails with it, a wait or waitall rethrows it.
 //
 // HYBRA_ENGINE_TYPE=NaiveEngine runs every op on the pushing thread before
 // push returns (for debugging; the results and errors are the same).
@@ -37,6 +40,7 @@
 #include <atomic>
 #include <bit>
 #include <condition_variable>
+#include <exception>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -142,6 +146,7 @@ class Engine {
   void waitall() {
     refuse_inside_op("waitall");
     wait_idle();
+    const std::exception_ptr device_error = wait_for_gpus();
     detail::FailurePtr first;
     {
       std::lock_guard g(failures_mutex_);
@@ -154,6 +159,7 @@ class Engine {
       }
     }
     if (first) rethrow(*first);
+    if (device_error) std::rethrow_exception(device_error);
   }
 
   // Finishes the pending work (ops it runs may still push) and stops the
@@ -289,16 +295,56 @@ class Engine {
     if (!failure) {
       detail::ContextScope scope(this, op, op_threads(op));
       try {
-        if (op->device.kind == DeviceKind::cuda)
-          backend::cuda::run_op(op->device.id, op->name, op->fn);
-        else
+        const std::vector<backend::cuda::FencePtr> after = gpu_work_before(op);
+        if (op->device.kind == DeviceKind::cuda) {
+          const int gpu = op->device.id;
+          backend::cuda::FencePtr fence = backend::cuda::run_op(gpu, op->name, after, op->fn);
+          for (auto& d : op->deps()) d.var->add_fence({gpu, fence}, d.write);
+          std::lock_guard g(fences_mutex_);
+          last_fences_[static_cast<std::size_t>(gpu)] = std::move(fence);
+        } else {
+          for (const auto& f : after) f->wait();
+          if (!after.empty())
+            for (auto& d : op->deps())
+              if (d.write) d.var->clear_fences();  // done, and this op alone uses the var
           op->fn();
+        }
       } catch (...) {
         failure = record_failure(*op);
       }
     }
     op->fn.reset();
     finish(op, std::move(failure));
+  }
+
+  // The fences of GPU work on op's vars that op must wait for: none for most
+  // CPU ops (no GPU has touched their vars).
+  static std::vector<backend::cuda::FencePtr> gpu_work_before(detail::OpRecord* op) {
+    std::vector<backend::cuda::FencePtr> after;
+    for (const auto& d : op->deps())
+      if (d.var->fenced.load(std::memory_order_acquire))
+        for (auto& f : d.var->gpu_fences()) after.push_back(std::move(f.fence));
+    return after;
+  }
+
+  // Blocks until the work queued on every GPU so far is done; returns the
+  // error of the first that failed on the device, if one did.
+  std::exception_ptr wait_for_gpus() {
+    std::array<backend::cuda::FencePtr, max_gpu_devices> last;
+    {
+      std::lock_guard g(fences_mutex_);
+      last.swap(last_fences_);
+    }
+    std::exception_ptr error;
+    for (const auto& f : last) {
+      if (!f) continue;
+      try {
+        f->wait();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    return error;
   }
 
   // Ends op's accesses, leaving `failure` on the vars it wrote, starts the ops
@@ -384,6 +430,8 @@ class Engine {
       failure = std::move(w.dep.failure);
     }
     if (failure) rethrow(*failure);
+    if (s->fenced.load(std::memory_order_acquire))
+      for (const auto& f : s->gpu_fences()) f.fence->wait();
   }
 
   [[noreturn]] static void rethrow(detail::Failure& f) {
@@ -499,6 +547,8 @@ class Engine {
   std::array<std::atomic<detail::DeviceQueue*>, max_gpu_devices> gpu_queues_{};
   std::atomic<std::uint64_t> used_cpu_devices_{0};  // bit i: cpu(i) has had an op
   detail::RecordPool pool_;
+  std::mutex fences_mutex_;
+  std::array<backend::cuda::FencePtr, max_gpu_devices> last_fences_{};  // of the latest op on each GPU
   std::mutex failures_mutex_;
   std::vector<detail::FailurePtr> unobserved_;
 };

@@ -4,6 +4,10 @@
 // holds one Dep per var; a var grants access to the Deps at the front of its
 // queue (any number of readers, or one writer) and the op runs once all of
 // its Deps are granted. A thread blocked in a wait queues a Dep too.
+//
+// A GPU op counts as done once its work is queued on its GPU's stream; the
+// var keeps, for each GPU, the fence that ends the latest such work that
+// used it (backend/cuda/gpu.hpp), for whatever runs elsewhere to wait for.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -18,6 +22,10 @@
 #include "../core/error.hpp"
 #include "helping.hpp"
 #include "sync.hpp"
+
+namespace hybra::backend::cuda {
+class Fence;
+}
 
 namespace hybra::engine {
 
@@ -38,6 +46,13 @@ struct Failure {
 using FailurePtr = std::shared_ptr<Failure>;
 
 struct VarState;
+
+// The fence that ends the latest work on GPU `gpu` that used a var.
+struct GpuFence {
+  int gpu = 0;
+  std::shared_ptr<const backend::cuda::Fence> fence;
+};
+using GpuFences = std::vector<GpuFence>;
 
 struct Dep {
   VarState* var = nullptr;
@@ -106,6 +121,38 @@ struct VarState {
   // Under lock: set as a write finishes, copied into each Dep as it is
   // granted (ops read that copy, not this).
   FailurePtr failure{};
+  // Under lock: at most one per GPU. fenced: whether a GPU op ever used the var.
+  GpuFences fences;
+  std::atomic<bool> fenced{false};
+
+  GpuFences gpu_fences() {
+    std::lock_guard g(lock);
+    return fences;
+  }
+
+  // After an op on a GPU that used the var: f ends its work. A write waited
+  // for every other GPU's work on the var before it ran (nothing else used
+  // the var meanwhile), so its fence is the only one left.
+  // Fences it lets go of are destroyed after the lock is released.
+  void add_fence(GpuFence f, bool write) {
+    GpuFences dropped;
+    std::lock_guard g(lock);
+    fenced.store(true, std::memory_order_relaxed);
+    if (write) dropped.swap(fences);
+    for (GpuFence& held : fences)
+      if (held.gpu == f.gpu) {
+        std::swap(held.fence, f.fence);
+        return;
+      }
+    fences.push_back(std::move(f));
+  }
+
+  void clear_fences() {
+    GpuFences dropped;
+    std::lock_guard g(lock);
+    dropped.swap(fences);
+    fenced.store(false, std::memory_order_relaxed);
+  }
 
   void retain() noexcept { refs.fetch_add(1, std::memory_order_relaxed); }
   void release() noexcept {
@@ -196,6 +243,9 @@ class Var {
   }
 
   friend bool operator==(const Var& a, const Var& b) noexcept { return a.s_ == b.s_; }
+
+  // The fences of the latest GPU work that used the var, one per GPU.
+  detail::GpuFences gpu_fences() const { return state("gpu_fences")->gpu_fences(); }
 
  private:
   friend class Engine;

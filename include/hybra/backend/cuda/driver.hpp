@@ -82,6 +82,7 @@ class Driver {
     load(cuEventCreate, "cuEventCreate");
     load(cuEventRecord, "cuEventRecord");
     load(cuEventSynchronize, "cuEventSynchronize");
+    load(cuStreamWaitEvent, "cuStreamWaitEvent");
     load(cuModuleLoadData, "cuModuleLoadData");
     load(cuModuleGetFunction, "cuModuleGetFunction");
     load(cuLaunchKernel, "cuLaunchKernel");
@@ -141,6 +142,7 @@ class Driver {
   CUresult (*cuEventCreate)(CUevent*, unsigned) = nullptr;
   CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
   CUresult (*cuEventSynchronize)(CUevent) = nullptr;
+  CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned) = nullptr;
   CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,

@@ -4,26 +4,41 @@
 // between it and the host (through pinned staging buffers) or another GPU.
 //
 // The engine runs each op of cuda(i) on one host thread of its own (the
-// "worker" of the device): the op launches its kernels and copies on the
-// stream, and the engine waits for the stream before it counts the op done,
-// so an asynchronous error is reported as the failure of the op that
-// launched the work (run_op), and a tensor's memory is never reused while a
-// kernel may still touch it.
+// "worker" of the device): the op queues its kernels and copies on the
+// stream and counts as done at once, so the worker goes on to the next op
+// while the GPU still runs this one. Where the op's work ends on the stream
+// is marked by a Fence (an event recorded after it), which the engine keeps
+// on every var the op used: an op on the same GPU needs nothing more (the
+// stream runs work in order), an op on another GPU makes its own stream wait
+// for the fence, and the host (a CPU op, wait_to_read, waitall) blocks on it.
+// A device-side error is reported by the first such wait, naming the op
+// whose work the fence ends. With synchronous ops (HYBRA_CUDA_SYNC=1) the
+// worker waits for the stream after each op instead, so such an error fails
+// the very op that caused it (run_op).
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "../../core/device.hpp"
 #include "driver.hpp"
 #include "memory.hpp"
 
 namespace hybra::backend::cuda {
+
+class Fence;
+using FencePtr = std::shared_ptr<const Fence>;
 
 class Gpu {
  public:
@@ -36,7 +51,7 @@ class Gpu {
     cu_.check(cu_.cuDevicePrimaryCtxRetain(&context_, device), "cuDevicePrimaryCtxRetain");
     bind();
     cu_.check(cu_.cuStreamCreate(&stream_, constant::stream_non_blocking), "cuStreamCreate");
-    memory_ = std::make_unique<CachingAllocator>(cu_, context_, hybra::cuda(id));
+    memory_ = std::make_unique<CachingAllocator>(cu_, context_, stream_, hybra::cuda(id));
   }
   Gpu(const Gpu&) = delete;
   Gpu& operator=(const Gpu&) = delete;
@@ -100,6 +115,14 @@ class Gpu {
     if (r != constant::success)
       fail<DeviceError>("CUDA: the work ", what, " queued on ", device(), " failed on the device: ", cu_.describe(r));
   }
+
+  // Marks the end of the work queued on the stream so far, as the work of
+  // engine op `op`.
+  FencePtr fence_after(std::string_view op);
+
+  // Makes the stream wait (on the GPU, not the host) for another GPU's work
+  // up to f.
+  void wait_on_stream(const Fence& f);
 
   // Copies between host memory and this GPU, queued on the stream, through
   // two pinned buffers in turn: one is filled (or emptied) by the CPU while
@@ -178,6 +201,13 @@ class Gpu {
     }
   }
 
+  friend class Fence;
+
+  void recycle(CUevent e) noexcept {
+    std::lock_guard g(events_mutex_);
+    free_events_.push_back(e);
+  }
+
   void enable_peer_access(const Gpu& source) {
     std::lock_guard g(peers_mutex_);
     if (peers_checked_ & (std::uint64_t{1} << source.id_)) return;
@@ -202,7 +232,69 @@ class Gpu {
   std::array<Staging, 2> staging_{};
   std::mutex peers_mutex_;
   std::uint64_t peers_checked_ = 0;
+  std::mutex events_mutex_;
+  std::vector<CUevent> free_events_;  // of fences that are gone
 };
+
+// The point on a GPU's stream where the work of one engine op ends. Shared
+// by the vars the op used; its event goes back to the GPU when the last
+// holder lets go. wait() blocks the calling thread until the work is done;
+// when the device reports an error instead, that wait and every later one
+// throws the same DeviceError, naming the op.
+class Fence {
+ public:
+  Fence(Gpu& gpu, CUevent event, std::string op) : gpu_(gpu), event_(event), op_(std::move(op)) {}
+  Fence(const Fence&) = delete;
+  Fence& operator=(const Fence&) = delete;
+  ~Fence() { gpu_.recycle(event_); }
+
+  int gpu() const { return gpu_.id_; }
+  CUevent event() const { return event_; }
+
+  void wait() const {
+    std::lock_guard g(mutex_);
+    if (!done_) {
+      done_ = true;
+      gpu_.bind();
+      const CUresult r = gpu_.cu_.cuEventSynchronize(event_);
+      if (r != constant::success)
+        error_ = std::make_exception_ptr(DeviceError(hybra::detail::concat(
+            "CUDA: the work queued on ", gpu_.device(), " up to the end of op '", op_,
+            "' failed on the device: ", gpu_.cu_.describe(r),
+            " (GPU ops run asynchronously, so an earlier op on it may be the cause; with HYBRA_CUDA_SYNC=1 each "
+            "op waits for its work and the one that failed reports it)")));
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  Gpu& gpu_;
+  CUevent event_;
+  std::string op_;
+  mutable std::mutex mutex_;
+  mutable bool done_ = false;
+  mutable std::exception_ptr error_;
+};
+
+inline FencePtr Gpu::fence_after(std::string_view op) {
+  CUevent e = nullptr;
+  {
+    std::lock_guard g(events_mutex_);
+    if (!free_events_.empty()) {
+      e = free_events_.back();
+      free_events_.pop_back();
+    }
+  }
+  if (!e) cu_.check(cu_.cuEventCreate(&e, constant::event_disable_timing), "cuEventCreate");
+  const CUresult r = cu_.cuEventRecord(e, stream_);
+  if (r != constant::success) recycle(e);
+  cu_.check(r, "cuEventRecord");
+  return std::make_shared<const Fence>(*this, e, std::string(op));
+}
+
+inline void Gpu::wait_on_stream(const Fence& f) {
+  cu_.check(cu_.cuStreamWaitEvent(stream_, f.event(), 0), "cuStreamWaitEvent");
+}
 
 namespace detail {
 // Every GPU the driver sees, set up on first use and kept for the process's
@@ -229,20 +321,37 @@ inline Gpu& gpu(int id) {
   return *(*gpus)[static_cast<std::size_t>(id)];
 }
 
-// Runs an engine op of cuda(id) on the calling thread: binds the GPU, runs
-// fn (which queues work on the GPU's stream) and waits for the stream, so
-// that whatever fails on the device fails this op.
+// Whether each GPU op waits for its work before it counts as done (see the
+// top of this file): HYBRA_CUDA_SYNC=1 at start, or set_synchronous_ops.
+inline std::atomic<bool>& synchronous_ops_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* v = std::getenv("HYBRA_CUDA_SYNC");
+    return v && std::string_view(v) == "1";
+  }()};
+  return flag;
+}
+inline bool synchronous_ops() { return synchronous_ops_flag().load(std::memory_order_relaxed); }
+inline void set_synchronous_ops(bool on) { synchronous_ops_flag().store(on); }
+
+// Runs an engine op of cuda(id) on the calling thread: binds the GPU, makes
+// its stream wait for the work of other GPUs that the op depends on (after),
+// runs fn (which queues work on the stream) and returns the fence that ends
+// it. With synchronous ops it first waits for the stream, so that whatever
+// fails on the device fails this op.
 template <class F>
-void run_op(int id, std::string_view name, F&& fn) {
+FencePtr run_op(int id, std::string_view name, std::span<const FencePtr> after, F&& fn) {
   Gpu& g = gpu(id);
   g.bind();
   try {
+    for (const FencePtr& f : after)
+      if (f->gpu() != id) g.wait_on_stream(*f);
     std::forward<F>(fn)();
+    if (synchronous_ops()) g.synchronize(hybra::detail::concat("of op '", name, "'"));
+    return g.fence_after(name);
   } catch (...) {
     g.driver().cuStreamSynchronize(g.stream());  // what it queued must finish before its memory is reused
     throw;
   }
-  g.synchronize(hybra::detail::concat("of op '", name, "'"));
 }
 
 }  // namespace hybra::backend::cuda

@@ -26,7 +26,8 @@ class CachingAllocator {
  public:
   static constexpr std::size_t granule = 512;  // every block is a multiple of it
 
-  CachingAllocator(const Driver& cu, CUcontext context, Device device) : cu_(cu), context_(context), device_(device) {}
+  CachingAllocator(const Driver& cu, CUcontext context, CUstream stream, Device device)
+      : cu_(cu), context_(context), stream_(stream), device_(device) {}
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
@@ -67,8 +68,10 @@ class CachingAllocator {
     return p;
   }
 
-  // Keeps the block for a later request. The caller guarantees no queued
-  // work uses it (the engine finishes a GPU op only once its stream has).
+  // Keeps the block for a later request. Work queued on the GPU's stream may
+  // still use it: whatever it is handed to next is queued on the same stream,
+  // after that work. Work of other GPUs that used it must be waited for
+  // first (Storage does).
   void release(CUdeviceptr p) noexcept {
     std::lock_guard g(mutex_);
     auto it = sizes_.find(p);
@@ -93,6 +96,7 @@ class CachingAllocator {
  private:
   void return_cache_locked() {
     cu_.check(cu_.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+    cu_.cuStreamSynchronize(stream_);  // a cached block may be in use by work still queued (release)
     for (auto& [size, p] : cached_) {
       cu_.cuMemFree(p);
       stats_.cached -= size;
@@ -102,6 +106,7 @@ class CachingAllocator {
 
   const Driver& cu_;
   CUcontext context_;
+  CUstream stream_;
   Device device_;
   mutable std::mutex mutex_;
   std::multimap<std::size_t, CUdeviceptr> cached_;  // free blocks by size
