@@ -59,7 +59,12 @@ struct Graph {
   std::vector<std::function<void()>> work;
 };
 
-thread_local int current = -1;  // the GPU of the calling thread's context
+// Static TLS (initial-exec), not the dynamic kind a dlopen'd library gets by
+// default: with the latter, LeakSanitizer's exit check (GCC 12) crashes
+// reading the dynamic TLS of an application thread that used it.
+#define HYBRA_FAKE_STATIC_TLS __attribute__((tls_model("initial-exec")))
+
+thread_local int current HYBRA_FAKE_STATIC_TLS = -1;  // the GPU of the calling thread's context
 
 State& state() {
   static State* s = [] {
@@ -423,7 +428,7 @@ long hybra_fake_cuda_calls(const char* call) {
 }
 const char* hybra_fake_cuda_last_launch() {
   std::lock_guard g(state().mutex);
-  static thread_local std::string copy;
+  static thread_local std::string copy HYBRA_FAKE_STATIC_TLS;
   copy = state().last_launch;
   return copy.c_str();
 }
