@@ -1,7 +1,7 @@
 // hybra on a GPU: a fused 8-op elementwise chain over 2^26 float32 values
 // (one NVRTC-compiled kernel: two reads and a write per element) against the
 // device-to-device copy bandwidth measured in the same run, the round trip
-// of one small eager expression, GEMM 4096^3 through hybra against cuBLAS
+// of one small eager expression, GEMM 4096^3 (float32 and TF32) through hybra against cuBLAS
 // called directly, the chapter's MLP eager at batch 1, a whole-tensor sum
 // and a row softmax against that bandwidth, a training step of the MLP and
 // of LeNet-5 (eager and hybridized), and the first use of an expression's kernel in a
@@ -79,20 +79,24 @@ void BM_cuda_eager_small(benchmark::State& state) {
 BENCHMARK(BM_cuda_eager_small)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 // GEMM 4096^3 float32 through hybra (matmul: a new result from the caching
-// allocator, the engine, one cuBLAS call, the stream wait) against the same
-// cuBLAS call made directly on the GPU's stream.
+// allocator, the engine, one cuBLAS call, the wait for its event) against the
+// same cuBLAS call made directly on the GPU's stream; in float32, and with
+// TF32 tensor cores (backend::cuda::set_tf32).
 constexpr std::int64_t gemm_n = 4096;
 
-void BM_cuda_gemm_hybra(benchmark::State& state) {
+void BM_cuda_gemm_hybra(benchmark::State& state, bool tf32) {
+  backend::cuda::set_tf32(tf32);
   Tensor a = random_uniform({gemm_n, gemm_n}, -1, 1, DType::float32, cuda(0));
   Tensor b = random_uniform({gemm_n, gemm_n}, -1, 1, DType::float32, cuda(0));
   for (auto _ : state) matmul(a, b).wait_to_read();
+  backend::cuda::set_tf32(false);
   state.counters["TFLOP/s"] = benchmark::Counter(2.0 * gemm_n * gemm_n * gemm_n * state.iterations() / 1e12,
                                                  benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_cuda_gemm_hybra)->Name("BM_cuda_gemm/hybra")->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_gemm_hybra, float32, false)->Name("BM_cuda_gemm/hybra")->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_gemm_hybra, tf32, true)->Name("BM_cuda_gemm/hybra_tf32")->UseRealTime()->Unit(benchmark::kMillisecond);
 
-void BM_cuda_gemm_cublas(benchmark::State& state) {
+void BM_cuda_gemm_cublas(benchmark::State& state, bool tf32) {
   Tensor a = random_uniform({gemm_n, gemm_n}, -1, 1, DType::float32, cuda(0));
   Tensor b = random_uniform({gemm_n, gemm_n}, -1, 1, DType::float32, cuda(0)), c({gemm_n, gemm_n}, DType::float32, cuda(0));
   waitall();
@@ -102,6 +106,7 @@ void BM_cuda_gemm_cublas(benchmark::State& state) {
   backend::cuda::cublasHandle_t handle = nullptr;
   cb.check(cb.create(&handle), "cublasCreate");
   cb.check(cb.set_stream(handle, gpu.stream()), "cublasSetStream");
+  cb.check(cb.set_math_mode(handle, tf32 ? 3 : 0), "cublasSetMathMode");  // CUBLAS_TF32_TENSOR_OP_MATH : DEFAULT
   const float one = 1, zero = 0;
   const int n = static_cast<int>(gemm_n);
   auto* pa = static_cast<const float*>(a.raw_data());
@@ -114,7 +119,8 @@ void BM_cuda_gemm_cublas(benchmark::State& state) {
   state.counters["TFLOP/s"] = benchmark::Counter(2.0 * gemm_n * gemm_n * gemm_n * state.iterations() / 1e12,
                                                  benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_cuda_gemm_cublas)->Name("BM_cuda_gemm/cublas")->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_gemm_cublas, float32, false)->Name("BM_cuda_gemm/cublas")->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_gemm_cublas, tf32, true)->Name("BM_cuda_gemm/cublas_tf32")->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // The chapter's MLP at batch 1, eager on cuda(0): three products, two
 // bias GEMMs, two ReLU kernels, each an engine op with its stream wait.

@@ -31,6 +31,7 @@ void gemm(int transa, int transb, int m, int n, int k, T alpha, const T* a, int 
 }
 
 std::atomic<long> gemms{0}, lt_matmuls{0};
+std::atomic<int> math_mode{0}, last_compute{0};  // of the latest cublasSetMathMode and cublasLtMatmul
 
 struct Handle {
   void* stream = nullptr;
@@ -90,6 +91,10 @@ void lt_matmul(const MatmulDesc& d, const Layout& la, const Layout& lb, const La
 extern "C" {
 int cublasCreate_v2(void** handle) {
   *handle = new Handle;
+  return success;
+}
+int cublasSetMathMode(void*, int mode) {
+  math_mode = mode;
   return success;
 }
 int cublasSetStream_v2(void* handle, void* stream) {
@@ -166,7 +171,8 @@ int cublasLtMatmul(void* handle, void* desc, const void* alpha, const void* a, v
     return invalid_value;
   ++lt_matmuls;
   (void)handle;
-  if (md.compute == 68)
+  last_compute = md.compute;
+  if (md.compute == 68 || md.compute == 77)  // CUBLAS_COMPUTE_32F, or its FAST_TF32 (computed in float here)
     hybra_fake_cuda_on_stream(stream, [=, alpha = *static_cast<const float*>(alpha), beta = *static_cast<const float*>(beta)] {
       lt_matmul(md, la, lb, ld, alpha, static_cast<const float*>(a), static_cast<const float*>(b), beta, static_cast<float*>(d));
     });
@@ -182,4 +188,6 @@ const char* cublasLtGetStatusString(int s) { return cublasGetStatusString(s); }
 // Test hooks.
 long hybra_fake_cublas_gemms() { return gemms.load(); }
 long hybra_fake_cublas_lt_matmuls() { return lt_matmuls.load(); }
+int hybra_fake_cublas_math_mode() { return math_mode.load(); }
+int hybra_fake_cublas_last_compute() { return last_compute.load(); }
 }

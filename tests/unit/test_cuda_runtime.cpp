@@ -241,6 +241,31 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     backend::cuda::set_synchronous_ops(false);
   }
 
+  TEST_CASE("cuda fake: float32 products use TF32 tensor cores only when asked (set_tf32, HYBRA_CUDA_TF32=1)") {
+    FakeDriver fake;
+    auto math_mode = [&] { return fake.cublas_hook<int (*)()>("hybra_fake_cublas_math_mode")(); };
+    auto lt_compute = [&] { return fake.cublas_hook<int (*)()>("hybra_fake_cublas_last_compute")(); };
+    auto products = [](DType dtype) {
+      Tensor x = ones({8, 16}, dtype, cuda(0)), w = ones({4, 16}, dtype, cuda(0)), b = zeros({4}, dtype, cuda(0));
+      matmul(x, transpose(w)).wait_to_read();    // cuBLAS
+      fully_connected(x, w, b).wait_to_read();  // cuBLASLt
+    };
+    REQUIRE_FALSE(backend::cuda::tf32());
+    products(DType::float32);
+    CHECK(math_mode() == 0);    // CUBLAS_DEFAULT_MATH
+    CHECK(lt_compute() == 68);  // CUBLAS_COMPUTE_32F
+    backend::cuda::set_tf32(true);
+    products(DType::float32);
+    CHECK(math_mode() == 3);    // CUBLAS_TF32_TENSOR_OP_MATH
+    CHECK(lt_compute() == 77);  // CUBLAS_COMPUTE_32F_FAST_TF32
+    products(DType::float64);
+    CHECK(lt_compute() == 70);  // CUBLAS_COMPUTE_64F: TF32 is for float32 only
+    backend::cuda::set_tf32(false);
+    products(DType::float32);
+    CHECK(math_mode() == 0);
+    CHECK(lt_compute() == 68);
+  }
+
   TEST_CASE("cuda fake: products go to cuBLAS row-major, transposed views and batches included") {
     seed(11);
     auto same = [](const Tensor& on_gpu, const Tensor& on_cpu) {

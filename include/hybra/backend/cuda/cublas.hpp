@@ -77,17 +77,33 @@ class Cublas : public BlasLibrary {
     if (!loaded()) return;
     load(create, "cublasCreate_v2");
     load(set_stream, "cublasSetStream_v2");
+    load(set_math_mode, "cublasSetMathMode");
     load(sgemm, "cublasSgemm_v2");
     load(dgemm, "cublasDgemm_v2");
   }
 
   cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
   cublasStatus_t (*set_stream)(cublasHandle_t, CUstream) = nullptr;
+  cublasStatus_t (*set_math_mode)(cublasHandle_t, int) = nullptr;
   cublasStatus_t (*sgemm)(cublasHandle_t, int, int, int, int, int, const float*, const float*, int, const float*, int,
                           const float*, float*, int) = nullptr;
   cublasStatus_t (*dgemm)(cublasHandle_t, int, int, int, int, int, const double*, const double*, int, const double*,
                           int, const double*, double*, int) = nullptr;
 };
+
+// Whether float32 products on a GPU may round their inputs to TF32 (10
+// mantissa bits) for the tensor cores, accumulating in float32: several
+// times the throughput, about 1e-3 relative error. Off unless
+// HYBRA_CUDA_TF32=1 at start or set_tf32(true), so that a product matches
+// float32 arithmetic as on the CPU (PyTorch's default for matmul too).
+// Read as each product is queued; a CUDA graph replays its products in the
+// mode they were recorded in.
+inline Switch& tf32_switch() {
+  static Switch s("HYBRA_CUDA_TF32");
+  return s;
+}
+inline bool tf32() { return tf32_switch().on(); }
+inline void set_tf32(bool on) { tf32_switch().set(on); }
 
 // Never destroyed, like the driver (driver.hpp).
 inline const Cublas& cublas() {
@@ -134,10 +150,13 @@ void gemm(Gpu& gpu, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, 
   auto i = [](std::int64_t v) { return static_cast<int>(v); };
   // Column-major C^T (N x M) = B^T (N x K) A^T (K x M): a row-major matrix is
   // its own transpose read column-major, so the operands swap and keep their ops.
-  if constexpr (std::is_same_v<T, float>)
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr int default_math = 0, tf32_tensor_op_math = 3;  // cublasMath_t
+    cb.check(cb.set_math_mode(h, tf32() ? tf32_tensor_op_math : default_math), "cublasSetMathMode");
     cb.check(cb.sgemm(h, op_b, op_a, i(N), i(M), i(K), &alpha, b, i(ldb), a, i(lda), &beta, c, i(ldc)), "cublasSgemm");
-  else
+  } else {
     cb.check(cb.dgemm(h, op_b, op_a, i(N), i(M), i(K), &alpha, b, i(ldb), a, i(lda), &beta, c, i(ldc)), "cublasDgemm");
+  }
 }
 
 }  // namespace hybra::backend::cuda

@@ -45,7 +45,7 @@ struct cublasLtMatmulHeuristicResult_t {
 
 // The values of cublasLt.h's and library_types.h's enums that hybra uses.
 namespace lt {
-inline constexpr int compute_32f = 68, compute_64f = 70, r_32f = 0, r_64f = 1;
+inline constexpr int compute_32f = 68, compute_32f_fast_tf32 = 77, compute_64f = 70, r_32f = 0, r_64f = 1;
 inline constexpr int desc_transa = 3, desc_transb = 4, desc_epilogue = 7, desc_bias_pointer = 8;
 inline constexpr int pref_max_workspace_bytes = 1;
 inline constexpr int op_n = 0, op_t = 1;
@@ -109,12 +109,13 @@ class DenseMatmul {
   // it). One buffer that never moves: captured graphs keep its address.
   static constexpr std::size_t workspace_bytes = std::size_t{8} << 20;
 
-  DenseMatmul(Gpu& gpu, DType dtype, std::int64_t M, std::int64_t N, std::int64_t K, Epilogue epilogue)
+  DenseMatmul(Gpu& gpu, DType dtype, std::int64_t M, std::int64_t N, std::int64_t K, Epilogue epilogue, bool tf32)
       : lt_(cublaslt()), gpu_(gpu), handle_(lt_handle(gpu)), workspace_(workspace(gpu)), single_(dtype == DType::float32) {
     if (dtype != DType::float32 && dtype != DType::float64)
       fail<DTypeError>("fully_connected: ", name(dtype), " products are not done on a GPU (float32 or float64 are)");
     const int type = dtype == DType::float32 ? lt::r_32f : lt::r_64f;
-    lt_.check(lt_.desc_create(&desc_, dtype == DType::float32 ? lt::compute_32f : lt::compute_64f, type),
+    const int compute = dtype == DType::float64 ? lt::compute_64f : tf32 ? lt::compute_32f_fast_tf32 : lt::compute_32f;
+    lt_.check(lt_.desc_create(&desc_, compute, type),
               "cublasLtMatmulDescCreate");
     const int transa = lt::op_t, transb = lt::op_n;
     const auto ep = static_cast<std::uint32_t>(epilogue);
@@ -192,17 +193,19 @@ class DenseMatmul {
   mutable std::mutex mutex_;
 };
 
-// The DenseMatmul of a GPU, dtype, shape and epilogue, made on first use and
-// kept (never destroyed: queued ops may use it at exit).
+// The DenseMatmul of a GPU, dtype, shape and epilogue, in the current TF32
+// mode (float32: cublas.hpp, tf32), made on first use and kept (never
+// destroyed: queued ops may use it at exit).
 inline const DenseMatmul& dense_matmul(Gpu& gpu, DType dtype, std::int64_t M, std::int64_t N, std::int64_t K,
                                        Epilogue epilogue) {
-  using Key = std::tuple<int, DType, std::int64_t, std::int64_t, std::int64_t, Epilogue>;
+  using Key = std::tuple<int, DType, std::int64_t, std::int64_t, std::int64_t, Epilogue, bool>;
   static std::mutex& mutex = *new std::mutex;
   static auto& made = *new std::map<Key, std::unique_ptr<DenseMatmul>>;
-  const Key key{gpu.device().id, dtype, M, N, K, epilogue};
+  const bool fast = dtype == DType::float32 && tf32();
+  const Key key{gpu.device().id, dtype, M, N, K, epilogue, fast};
   std::lock_guard g(mutex);
   auto& m = made[key];
-  if (!m) m = std::make_unique<DenseMatmul>(gpu, dtype, M, N, K, epilogue);
+  if (!m) m = std::make_unique<DenseMatmul>(gpu, dtype, M, N, K, epilogue, fast);
   return *m;
 }
 

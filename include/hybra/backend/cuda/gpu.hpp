@@ -321,17 +321,29 @@ inline Gpu& gpu(int id) {
   return *(*gpus)[static_cast<std::size_t>(id)];
 }
 
+// A process-wide setting, on when the environment variable it is named by
+// is 1 at first use, then switched by the program.
+class Switch {
+ public:
+  explicit Switch(const char* variable) {
+    const char* v = std::getenv(variable);
+    on_.store(v && std::string_view(v) == "1");
+  }
+  bool on() const { return on_.load(std::memory_order_relaxed); }
+  void set(bool on) { on_.store(on); }
+
+ private:
+  std::atomic<bool> on_;
+};
+
 // Whether each GPU op waits for its work before it counts as done (see the
-// top of this file): HYBRA_CUDA_SYNC=1 at start, or set_synchronous_ops.
-inline std::atomic<bool>& synchronous_ops_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* v = std::getenv("HYBRA_CUDA_SYNC");
-    return v && std::string_view(v) == "1";
-  }()};
-  return flag;
+// top of this file): HYBRA_CUDA_SYNC=1, or set_synchronous_ops.
+inline Switch& synchronous_ops_switch() {
+  static Switch s("HYBRA_CUDA_SYNC");
+  return s;
 }
-inline bool synchronous_ops() { return synchronous_ops_flag().load(std::memory_order_relaxed); }
-inline void set_synchronous_ops(bool on) { synchronous_ops_flag().store(on); }
+inline bool synchronous_ops() { return synchronous_ops_switch().on(); }
+inline void set_synchronous_ops(bool on) { synchronous_ops_switch().set(on); }
 
 // Runs an engine op of cuda(id) on the calling thread: binds the GPU, makes
 // its stream wait for the work of other GPUs that the op depends on (after),
