@@ -40,10 +40,10 @@
 #include <atomic>
 #include <bit>
 #include <condition_variable>
-#include <exception>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <new>
 #include <string>

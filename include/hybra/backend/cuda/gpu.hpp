@@ -254,9 +254,9 @@ class Fence {
   void wait() const {
     std::lock_guard g(mutex_);
     if (!done_) {
-      done_ = true;
       gpu_.bind();
       const CUresult r = gpu_.cu_.cuEventSynchronize(event_);
+      done_ = true;
       if (r != constant::success)
         error_ = std::make_exception_ptr(DeviceError(hybra::detail::concat(
             "CUDA: the work queued on ", gpu_.device(), " up to the end of op '", op_,
