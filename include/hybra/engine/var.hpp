@@ -121,7 +121,8 @@ struct VarState {
   // Under lock: set as a write finishes, copied into each Dep as it is
   // granted (ops read that copy, not this).
   FailurePtr failure{};
-  // Under lock: at most one per GPU. fenced: whether a GPU op ever used the var.
+  // Under lock: at most one per GPU. fenced: whether it may hold any (read
+  // without the lock, so that a var no GPU op has used costs a CPU op nothing).
   GpuFences fences;
   std::atomic<bool> fenced{false};
 
@@ -132,8 +133,8 @@ struct VarState {
 
   // After an op on a GPU that used the var: f ends its work. A write waited
   // for every other GPU's work on the var before it ran (nothing else used
-  // the var meanwhile), so its fence is the only one left.
-  // Fences it lets go of are destroyed after the lock is released.
+  // the var meanwhile), so its fence is the only one left. The fences let
+  // go of are destroyed after the lock is released.
   void add_fence(GpuFence f, bool write) {
     GpuFences dropped;
     std::lock_guard g(lock);
