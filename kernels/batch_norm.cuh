@@ -2,7 +2,7 @@
 // batch_norm's inference form on a GPU, as include/hybra/ops/conv.hpp
 // computes it on the CPU; include/hybra/jit/cuda_conv.hpp writes the entry
 // and launches it; tests run it on the CPU (tests/unit/simt.hpp).
-#include "conv.cuh"
+#include "grid.cuh"
 
 namespace hybra::kernels {
 

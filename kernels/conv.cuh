@@ -18,6 +18,7 @@
 //
 // NVRTC compiles this file with the entries jit/cuda_conv.hpp writes; tests
 // run it on the CPU (tests/unit/simt.hpp).
+#include "grid.cuh"
 
 namespace hybra::kernels {
 
@@ -28,10 +29,6 @@ namespace hybra::kernels {
 struct conv_geometry {
   long long N, C, H, W, F, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups;
 };
-
-// The first of this thread's elements and the grid's stride over them.
-__device__ inline long long first_element() { return blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; }
-__device__ inline long long grid_stride() { return static_cast<long long>(blockDim.x) * gridDim.x; }
 
 // col (C KH KW, images OH OW) from x (images, C, H, W): the input each tap of
 // each output pixel's window reads, zero in the padding.

@@ -7,7 +7,7 @@
 // CPU visits them, so there are no atomics and the sums are the CPU's.
 // include/hybra/jit/cuda_conv.hpp writes the entries and launches them;
 // tests run them on the CPU (tests/unit/simt.hpp).
-#include "conv.cuh"
+#include "grid.cuh"
 
 namespace hybra::kernels {
 

@@ -15,6 +15,7 @@
 #include "expr/expression.hpp"
 #include "expr/print.hpp"
 #include "jit/cuda_eager.hpp"
+#include "jit/cuda_random.hpp"
 #include "jit/elementwise_op.hpp"
 #include "ops/conv.hpp"
 #include "ops/layout.hpp"

@@ -1,5 +1,5 @@
-// The GPU's reductions, argmax, softmax, convolutions, pooling and
-// batch_norm without a GPU: the device code of kernels/ runs on the CPU
+// The GPU's reductions, argmax, softmax, convolutions, pooling,
+// batch_norm, copies between layouts and random fills without a GPU: the device code of kernels/ runs on the CPU
 // (simt.hpp), launched in the steps jit/cuda_reduce.hpp and
 // jit/cuda_conv.hpp plan for a GPU (a CPU GEMM standing in for cuBLAS), and
 // must compute what the CPU ops compute; and every program NVRTC makes of
@@ -9,7 +9,10 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <hybra/eager.hpp>
+#include <hybra/jit/cuda_layout.hpp>
+#include <hybra/jit/cuda_random.hpp>
 #include <hybra/ops/conv_backward.hpp>
 #include <string>
 #include <type_traits>
@@ -19,7 +22,9 @@
 // simt.hpp first: it defines the CUDA keywords these use.
 #include <kernels/batch_norm.cuh>
 #include <kernels/conv.cuh>
+#include <kernels/copy.cuh>
 #include <kernels/pool.cuh>
+#include <kernels/random.cuh>
 #include <kernels/reduce.cuh>
 #include <kernels/softmax.cuh>
 
@@ -553,4 +558,109 @@ TEST_CASE("cuda kernels: every convolution, pooling and batch_norm program compi
     const std::string bn = jit::cuda_ptx(jit::cuda_batch_norm_program(d), "batch_norm.cu");
     CHECK(bn.find(".entry " + jit::batch_norm_entry(d) + "(") != std::string::npos);
   }
+}
+
+namespace {
+
+// src copied into dst by the GPU's copy kernel on simulated threads, through
+// the layout jit/cuda_layout.hpp makes of their views.
+void simulated_copy(const Tensor& src, const Tensor& dst) {
+  src.wait_to_read();
+  dst.wait_to_write();
+  const jit::LayoutCopy copy(src, dst, 0, "test", 1);
+  dispatch(src.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    simt::launch(copy.grid.blocks, copy.grid.threads, [&] {
+      kernels::copy_between_layouts(static_cast<const T*>(src.raw_data()), static_cast<T*>(dst.raw_data()),
+                                    std::bit_cast<kernels::copy_layout>(copy.layout), copy.count);
+    });
+  });
+}
+
+}  // namespace
+
+TEST_CASE("cuda kernels: a copy between any two views, run on simulated threads, writes what assign writes") {
+  const Tensor x = sample(DType::float32, {4, 5, 6}, 30);
+  const Tensor i = sample(DType::int64, {4, 5, 6}, 31);
+  // (source view, destination view of a fresh buffer of shape `into`)
+  struct Case {
+    const char* what;
+    Tensor src;
+    Shape into;
+    std::function<Tensor(const Tensor&)> dst;
+  };
+  const std::vector<Case> cases = {
+      {"gather a transpose", transpose(x, {2, 0, 1}), {6, 4, 5}, [](const Tensor& t) { return t; }},
+      {"a reversed slice into a slice", slice(x, 1, std::nullopt, std::nullopt, -2), {4, 9, 6},
+       [](const Tensor& t) { return slice(t, 1, 2, 8, 2); }},
+      {"a broadcast row into a transpose", broadcast_to(slice(x, 0, 0, 1), {3, 5, 6}), {6, 5, 3},
+       [](const Tensor& t) { return transpose(t); }},
+      {"a part of a concat along the last axis", i, {4, 5, 10}, [](const Tensor& t) { return slice(t, 2, 3, 9); }},
+      {"a 0-d tensor", sum(x), {}, [](const Tensor& t) { return t; }},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    const Tensor want = zeros(c.into, c.src.dtype()), got = zeros(c.into, c.src.dtype());
+    c.dst(want).assign(c.src);
+    simulated_copy(c.src, c.dst(got));
+    check_close(got, want);
+  }
+}
+
+TEST_CASE("cuda kernels: a copy's layout merges the axes both sides walk alike, and refuses more than it takes") {
+  const Tensor x = zeros({2, 3, 4, 5});
+  CHECK(jit::copy_layout(x.shape(), x.strides(), x.strides(), "copy").axes == 1);  // contiguous: one run
+  const Tensor t = transpose(x, {0, 1, 3, 2});
+  CHECK(jit::copy_layout(t.shape(), t.strides(), contiguous_strides(t.shape()), "copy").axes == 3);
+  const Tensor seven = transpose(zeros({2, 2, 2, 2, 2, 2, 2}), {6, 5, 4, 3, 2, 1, 0});
+  CHECK_THROWS_WITH_AS(jit::copy_layout(seven.shape(), seven.strides(), contiguous_strides(seven.shape()), "copy"),
+                       doctest::Contains("copy: a copy of shape (2, 2, 2, 2, 2, 2, 2)"), ShapeError);
+}
+
+TEST_CASE("cuda kernels: the copy program compiles for sm_90, with an entry for each element width") {
+  REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
+  const std::string ptx = jit::cuda_ptx(jit::cuda_copy_program(), "copy.cu");
+  for (std::size_t width : {1, 4, 8}) CHECK(ptx.find(".entry " + jit::copy_entry(width) + "(") != std::string::npos);
+}
+
+TEST_CASE("cuda kernels: random fills on simulated threads draw what the CPU draws, from the same counter blocks") {
+  for (DType d : {DType::float32, DType::float64})
+    for (bool normal : {false, true}) {
+      CAPTURE(name(d));
+      CAPTURE(normal);
+      Generator cpu_draws(11), gpu_draws(11);
+      cpu_draws.advance(5);  // a generator part way through its stream
+      gpu_draws.advance(5);
+      const Shape shape{7, 13};  // an odd count: the last pair's second value is dropped
+      const Tensor want = normal ? random_normal(shape, 0.5, 2, d, cpu(), cpu_draws)
+                                 : random_uniform(shape, -1, 3, d, cpu(), cpu_draws);
+      Tensor got(shape, d);
+      const std::uint64_t first = gpu_draws.advance(Generator::blocks_for(got.size()));
+      const kernels::draw_params p{first, gpu_draws.key()[0], gpu_draws.key()[1], normal ? 0.5 : -1.0, normal ? 2.0 : 3.0};
+      const jit::ElementwiseGrid grid = jit::grid_over(Generator::blocks_for(got.size()), 1);
+      dispatch(d, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (std::is_floating_point_v<T>) {
+          simt::launch(grid.blocks, grid.threads, [&] {
+            if (normal) kernels::random_fill<T, true>(static_cast<T*>(got.raw_data()), got.size(), p);
+            else kernels::random_fill<T, false>(static_cast<T*>(got.raw_data()), got.size(), p);
+          });
+        }
+      });
+      CHECK(got.to_vector<double>() == want.to_vector<double>());  // the same code: the same bits
+      CHECK(cpu_draws.advance(0) == gpu_draws.advance(0));
+    }
+}
+
+TEST_CASE("cuda kernels: the random program compiles for sm_90, with an entry per draw and dtype") {
+  REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
+  const std::string ptx = jit::cuda_ptx(jit::cuda_random_program(), "random.cu");
+  for (DType d : {DType::float32, DType::float64})
+    for (bool normal : {false, true}) {
+      const std::size_t entry = ptx.find(".entry " + jit::random_entry(normal, d) + "(");
+      REQUIRE(entry != std::string::npos);
+      // A uniform is low + (high - low) u rounded one operation at a time, as
+      // on the CPU: no fused multiply-add (the normals' log, cos and sin have theirs).
+      if (!normal) CHECK(ptx.substr(entry, ptx.find(".entry", entry + 1) - entry).find("fma.rn.f64") == std::string::npos);
+    }
 }

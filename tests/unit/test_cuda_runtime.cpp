@@ -3,7 +3,7 @@
 // recorded, not run): devices, memory and its cache, out-of-memory, copies
 // through pinned staging and between GPUs, fills, an expression as one
 // NVRTC-compiled kernel loaded and launched, errors the device reports
-// after a launch blamed on the op, and ops with no CUDA kernel refused by
+// after a launch blamed on the op, views written by copy kernels, and operands on two GPUs refused by
 // name. What kernels compute is checked on a real GPU (tests/gpu).
 //
 // The suite needs the stand-in loaded in place of libcuda.so.1, so it is
@@ -120,10 +120,6 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(full({2}, -1, DType::int64, cuda(1)).to_vector<std::int64_t>() == std::vector<std::int64_t>{-1, -1});
     CHECK(full({3}, 2.5, DType::float64, cuda(0)).to_vector<double>() == std::vector<double>{2.5, 2.5, 2.5});
     CHECK(arange(0, 4, 1, DType::float32, cuda(0)).to_vector<float>() == std::vector<float>{0, 1, 2, 3});
-    seed(3);
-    const auto on_cpu = random_uniform({5}).to_vector<float>();
-    seed(3);
-    CHECK(random_uniform({5}, 0, 1, DType::float32, cuda(0)).to_vector<float>() == on_cpu);
   }
 
   TEST_CASE("cuda fake: freed blocks are reused, and the cache is given back when memory runs out") {
@@ -309,14 +305,15 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
       for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(c[i]).epsilon(1e-5));
     };
 
-    // Eager: each Dense is one cuBLASLt GEMM with the bias in its epilogue, then a relu kernel.
+    // Eager: each Dense is one cuBLASLt GEMM with the bias in its epilogue,
+    // then a relu kernel; the first call also draws the three weights (a kernel each).
     on_cpu(x);  // parameters take their shapes at the first call
     long launches = fake.calls("cuLaunchKernel"), gemms = lt_matmuls();
     Tensor y = net(x.to(cuda(0)));
     y.wait_to_read();
     CHECK(y.device() == cuda(0));
     CHECK(lt_matmuls() == gemms + 3);
-    CHECK(fake.calls("cuLaunchKernel") == launches + 2);
+    CHECK(fake.calls("cuLaunchKernel") == launches + 3 + 2);
     const auto dict = net.collect_params(), cpu_dict = on_cpu.collect_params();
     const std::vector<nn::Parameter> params(dict.begin(), dict.end()), cpu_params(cpu_dict.begin(), cpu_dict.end());
     for (const auto& p : params) CHECK(p.data().device() == cuda(0));
@@ -549,10 +546,77 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(fake.nccl_calls("ncclCommInitAll") == 1);
   }
 
-  TEST_CASE("cuda fake: what does not run on a GPU yet is refused by name") {
+  TEST_CASE("cuda fake: operands on two GPUs are refused by name") {
     Tensor a = ones({2, 2}, DType::float32, cuda(0));
-    CHECK_THROWS_WITH_AS(dot(a, a), doctest::Contains("dot: this op has no CUDA kernel yet"), DeviceError);
     CHECK_THROWS_WITH_AS(Tensor(a + a.to(cuda(1))), doctest::Contains("operands live on cuda(0) and cuda(1)"), DeviceError);
+  }
+
+  TEST_CASE("cuda fake: views are written on a GPU: assign, concat and slice's gradient are copy kernels of one program") {
+    FakeDriver fake;
+    const Tensor a = ones({4, 3}, DType::float32, cuda(0)), b = ones({4, 2}, DType::float32, cuda(0));
+    const long launches = fake.calls("cuLaunchKernel"), loads = fake.calls("cuModuleLoadData");
+    const Tensor joined = concat({a, b}, 1);  // parts written into column blocks: views that are not contiguous
+    Tensor t = zeros({3, 4}, DType::float32, cuda(0));
+    transpose(t).assign(a);
+    Tensor x = ones({4, 6}, DType::float32, cuda(0));
+    x.attach_grad();
+    {
+      autograd::record rec;
+      Tensor y = slice(x, 1, 1, 5, 2) * 2;
+      y.backward();
+    }
+    waitall();
+    CHECK(joined.shape() == Shape{4, 5});
+    CHECK(x.grad().shape() == Shape{4, 6});
+    CHECK(fake.calls("cuLaunchKernel") >= launches + 4);
+    CHECK(fake.calls("cuModuleLoadData") <= loads + 3);  // the copy program (and the expressions' kernels), whatever the layouts
+
+    // Captured, concat and slice's gradient are launch steps: the plan replays a CUDA graph.
+    auto u = sym::var("u", Shape{4, 3}), v = sym::var("v", Shape{4, 2});
+    jit::Plan joins(graph::optimize(graph::trace({concat(std::vector{u, v}, 1) * 2})), cuda(0), false, "concat");
+    CHECK(joins.replays_graph());
+    for (int call = 0; call < 2; ++call) CHECK(joins({a, b})[0].shape() == Shape{4, 5});
+    waitall();
+    CHECK(joins.graphs_recorded() == 1);
+  }
+
+  TEST_CASE("cuda fake: random draws and dropout on a GPU are kernels there, drawing the CPU's counter blocks") {
+    FakeDriver fake;
+    const long uploads = fake.calls("cuMemcpyHtoDAsync");
+    seed(3);
+    const Tensor u = random_uniform({1001}, 0, 1, DType::float32, cuda(0));
+    waitall();
+    CHECK(fake.last_launch() == "hybra_random_uniform_float32");
+    const Tensor n = random_normal({10}, 0, 1, DType::float64, cuda(0));
+    waitall();
+    CHECK(fake.last_launch() == "hybra_random_normal_float64");
+    CHECK(fake.calls("cuMemcpyHtoDAsync") == uploads);  // nothing drawn on the host
+    // The generator moved on as a CPU draw of the same sizes moves it.
+    const Tensor next_on_gpu = random_uniform({4}, 0, 1, DType::float32, cpu());
+    seed(3);
+    (void)random_uniform({1001}, 0, 1, DType::float32, cpu());
+    (void)random_normal({10}, 0, 1, DType::float64, cpu());
+    CHECK(random_uniform({4}, 0, 1, DType::float32, cpu()).to_vector<float>() == next_on_gpu.to_vector<float>());
+
+    const Tensor x = ones({8, 8}, DType::float32, cuda(0));
+    autograd::train_mode training;
+    const Tensor dropped = dropout(x, 0.5);
+    waitall();
+    CHECK(dropped.device() == cuda(0));
+    CHECK(fake.calls("cuMemcpyHtoDAsync") == uploads);
+  }
+
+  TEST_CASE("cuda fake: dot on a GPU is one cuBLAS product, as matmul is") {
+    Tensor a = array<float>({1, 2, 3, 4, 5, 6}, {1, 2, 3}).to(cuda(0));
+    Tensor b = array<float>({1, 0, 0, 1, 1, 1}, {3, 2}).to(cuda(0));
+    const Tensor d = dot(a, b);  // (1, 2, 3) . (3, 2): a's rows times b
+    CHECK(d.device() == cuda(0));
+    CHECK(d.to(cpu()).to_vector<float>() == std::vector<float>{4, 5, 10, 11});
+    const Tensor v = dot(array<float>({1, 2, 3}).to(cuda(0)), array<float>({4, 5, 6}).to(cuda(0)));
+    CHECK(v.shape() == Shape{});
+    CHECK(v.to(cpu()).to_vector<float>() == std::vector<float>{32});
+    CHECK_THROWS_WITH_AS(dot(ones({2, 2}, DType::int32, cuda(0)), ones({2, 2}, DType::int32, cuda(0))),
+                         doctest::Contains("dot: int32 products are not done on a GPU"), DTypeError);
   }
 
   TEST_CASE("cuda fake: broadcast operands and views are read through their strides by a kernel") {

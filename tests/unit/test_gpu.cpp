@@ -194,6 +194,36 @@ TEST_SUITE("gpu" * doctest::skip()) {
     CHECK(on_gpu.graphs_recorded() == 1);
   }
 
+  TEST_CASE("gpu: views written, concat, slice's gradient, dot and random draws on cuda(0) against the CPU") {
+    if (!gpu_present()) return;
+    seed(6);
+    const Tensor a = random_uniform({4, 3, 5}, -1, 1), b = random_uniform({4, 2, 5}, -1, 1, DType::float32);
+    const Tensor ga = a.to(cuda(0)), gb = b.to(cuda(0));
+    auto same = [](const Tensor& on_gpu, const Tensor& on_cpu) {
+      CHECK(on_gpu.shape() == on_cpu.shape());
+      CHECK(on_gpu.to_vector<double>() == on_cpu.to_vector<double>());
+    };
+    same(concat({ga, gb}, 1), concat({a, b}, 1));
+    same(concat({transpose(ga), transpose(gb)}, -1), concat({transpose(a), transpose(b)}, -1));
+    Tensor into = zeros({5, 3, 4}), g_into = zeros({5, 3, 4}, DType::float32, cuda(0));
+    slice(transpose(into), 0, 1, std::nullopt, 2).assign(slice(a, 0, 1, std::nullopt, 2) * 2);
+    slice(transpose(g_into), 0, 1, std::nullopt, 2).assign(slice(ga, 0, 1, std::nullopt, 2) * 2);
+    same(g_into, into);
+    same(slice_backward(ga, {4, 7, 5}, 1, 1, 7, 2), slice_backward(a, {4, 7, 5}, 1, 1, 7, 2));
+    const Tensor w = random_uniform({5, 6}, -1, 1);
+    const auto d = dot(ga, w.to(cuda(0))).to_vector<float>(), want = dot(a, w).to_vector<float>();
+    for (std::size_t i = 0; i < want.size(); ++i) CHECK(d[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    // The same counter blocks give the same uniforms, and normals within a few units in the last place.
+    for (DType t : {DType::float32, DType::float64}) {
+      seed(9);
+      const Tensor u = random_uniform({1001}, -2, 3, t, cuda(0)), n = random_normal({1001}, 1, 2, t, cuda(0));
+      seed(9);
+      same(u, random_uniform({1001}, -2, 3, t));
+      const auto gn = n.to_vector<double>(), cn = random_normal({1001}, 1, 2, t).to_vector<double>();
+      for (std::size_t i = 0; i < cn.size(); ++i) CHECK(gn[i] == doctest::Approx(cn[i]).epsilon(t == DType::float32 ? 1e-6 : 1e-14));
+    }
+  }
+
   TEST_CASE("gpu: reductions, argmax, softmax and log_softmax of every dtype on cuda(0) against the CPU") {
     if (!gpu_present()) return;
     auto same = [](const Tensor& on_gpu, const Tensor& on_cpu) {

@@ -1,5 +1,6 @@
 #pragma once
 // Creating tensors: filled, ranges, from C++ containers, random.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -117,29 +118,38 @@ Tensor array(std::initializer_list<std::initializer_list<T>> rows) {
 }
 
 namespace detail {
-// Fills t from the generator: element i uses counter block first + i / 2 (two
-// values per block), so results do not depend on the thread count.
-// The counter blocks are reserved on the calling thread, so the values do
-// not depend on when the op runs either.
-template <class Draw>
-Tensor random_fill(const Shape& shape, DType dtype, Device device, Generator& gen, Draw draw, const char* op) {
+// Queues filling t, contiguous on a GPU, as random_fill fills it on the CPU
+// (defined by jit/cuda_random.hpp).
+inline void push_draws_cuda(const Tensor& t, bool normal, double a, double b, std::array<std::uint32_t, 2> key,
+                            std::uint64_t first, const char* op);
+
+// A tensor of draws from the generator (core/philox.hpp's draw_pair: uniform
+// in [a, b), or normal of mean a and standard deviation b): element i uses
+// counter block first + i / 2 (two values per block), so results depend on
+// neither the thread count nor the device. The counter blocks are reserved
+// on the calling thread, so the values do not depend on when the op runs.
+inline Tensor random_fill(const Shape& shape, DType dtype, Device device, Generator& gen, bool normal, double a,
+                          double b, const char* op) {
   if (!is_floating(dtype)) fail<DTypeError>(op, ": dtype must be float32 or float64, not ", name(dtype));
-  if (device.kind == DeviceKind::cuda) return random_fill(shape, dtype, cpu(), gen, draw, op).to(device);
   Tensor t(shape, dtype, device);
   if (device == meta()) return t;  // inference only: draws nothing, so later values do not shift
   const std::int64_t n = t.size();
   const std::uint64_t blocks = Generator::blocks_for(n), first = gen.advance(blocks);
-  push_op(op, {}, {t}, [t, n, blocks, first, gen = Generator(gen), draw] {
+  if (device.kind == DeviceKind::cuda) {
+    push_draws_cuda(t, normal, a, b, gen.key(), first, op);
+    return t;
+  }
+  push_op(op, {}, {t}, [t, n, blocks, first, key = gen.key(), normal, a, b] {
     dispatch(t.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>) {
         T* p = static_cast<T*>(t.raw_data());
-        backend::cpu::parallel_for(static_cast<std::int64_t>(blocks), 2, [&](std::int64_t b, std::int64_t e) {
-          for (std::int64_t j = b; j < e; ++j) {
-            auto w = gen.block(first + static_cast<std::uint64_t>(j));
-            auto pair = draw(tag, Generator::to_double(w[0], w[1]), Generator::to_double(w[2], w[3]));
-            p[2 * j] = static_cast<T>(pair[0]);
-            if (2 * j + 1 < n) p[2 * j + 1] = static_cast<T>(pair[1]);
+        backend::cpu::parallel_for(static_cast<std::int64_t>(blocks), 2, [&](std::int64_t from, std::int64_t to) {
+          for (std::int64_t j = from; j < to; ++j) {
+            T v0, v1;
+            philox::draw_pair<T>(normal, a, b, philox::block(first + static_cast<std::uint64_t>(j), key[0], key[1]), v0, v1);
+            p[2 * j] = v0;
+            if (2 * j + 1 < n) p[2 * j + 1] = v1;
           }
         });
       }
@@ -152,21 +162,13 @@ Tensor random_fill(const Shape& shape, DType dtype, Device device, Generator& ge
 inline Tensor random_uniform(const Shape& shape, double low = 0, double high = 1, DType dtype = DType::float32,
                              Device device = cpu(), Generator& gen = default_generator()) {
   if (!(low < high)) fail<ValueError>("random_uniform: low ", low, " must be below high ", high);
-  return detail::random_fill(shape, dtype, device, gen, [low, high](auto tag, double u1, double u2) {
-    using T = typename decltype(tag)::type;
-    // Clamped because rounding to T could otherwise produce `high` itself.
-    auto scale = [&](double u) { return std::min(static_cast<T>(low + (high - low) * u), std::nextafter(T(high), T(low))); };
-    return std::array<T, 2>{scale(u1), scale(u2)};
-  }, "random_uniform");
+  return detail::random_fill(shape, dtype, device, gen, false, low, high, "random_uniform");
 }
 
 inline Tensor random_normal(const Shape& shape, double mean = 0, double stddev = 1, DType dtype = DType::float32,
                             Device device = cpu(), Generator& gen = default_generator()) {
   if (!(stddev >= 0)) fail<ValueError>("random_normal: stddev ", stddev, " must be non-negative");
-  return detail::random_fill(shape, dtype, device, gen, [mean, stddev](auto, double u1, double u2) {
-    auto z = Generator::normal_pair(u1, u2);
-    return std::array<double, 2>{mean + stddev * z[0], mean + stddev * z[1]};
-  }, "random_normal");
+  return detail::random_fill(shape, dtype, device, gen, true, mean, stddev, "random_normal");
 }
 
 }  // namespace hybra

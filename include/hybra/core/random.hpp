@@ -1,13 +1,11 @@
 #pragma once
-// Seedable random numbers that are the same on every machine and for any
-// thread count: Philox4x32-10 (Salmon et al., "Parallel random numbers: as
-// easy as 1, 2, 3") is counter-based, so element i depends only on the seed
-// and i, and the conversions to float/normal are written out here rather than
-// left to std:: distributions, whose results differ between standard libraries.
+// Seedable random numbers that are the same on every machine, for any
+// thread count and on either device: Philox4x32-10 (core/philox.hpp) is
+// counter-based, so element i depends only on the seed and i.
 #include <array>
-#include <cmath>
 #include <cstdint>
-#include <numbers>
+
+#include "philox.hpp"
 
 namespace hybra {
 
@@ -35,29 +33,15 @@ class Generator {
 
   // The 4 random words of counter block `block`.
   std::array<std::uint32_t, 4> block(std::uint64_t block) const {
-    std::array<std::uint32_t, 4> c{static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), 0, 0};
-    std::array<std::uint32_t, 2> k = key_;
-    for (int round = 0; round < 10; ++round) {
-      std::uint64_t p0 = std::uint64_t{0xD2511F53} * c[0], p1 = std::uint64_t{0xCD9E8D57} * c[2];
-      c = {static_cast<std::uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<std::uint32_t>(p1),
-           static_cast<std::uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<std::uint32_t>(p0)};
-      k[0] += 0x9E3779B9;
-      k[1] += 0xBB67AE85;
-    }
-    return c;
+    const philox::Words w = philox::block(block, key_[0], key_[1]);
+    return {w.w[0], w.w[1], w.w[2], w.w[3]};
   }
 
-  // Uniform in [0, 1) from 24 (float) or 53 (double) random bits.
-  static float to_float(std::uint32_t w) { return static_cast<float>(w >> 8) * 0x1.0p-24f; }
-  static double to_double(std::uint32_t hi, std::uint32_t lo) {
-    return static_cast<double>(((std::uint64_t{hi} << 32) | lo) >> 11) * 0x1.0p-53;
-  }
-  // A standard normal pair by Box-Muller from two uniforms in [0, 1).
-  static std::array<double, 2> normal_pair(double u1, double u2) {
-    double r = std::sqrt(-2.0 * std::log1p(-u1));
-    double a = 2.0 * std::numbers::pi * u2;
-    return {r * std::cos(a), r * std::sin(a)};
-  }
+  // The key, with which a GPU draws from reserved counter blocks (kernels/random.cuh).
+  std::array<std::uint32_t, 2> key() const { return key_; }
+
+  // Uniform in [0, 1) from 53 random bits.
+  static double to_double(std::uint32_t hi, std::uint32_t lo) { return philox::to_double(hi, lo); }
 
  private:
   std::array<std::uint32_t, 2> key_;

@@ -198,9 +198,12 @@ inline void copy_into(const Tensor& src, const Tensor& dst);
 // Queues converting src into dst, both contiguous on one GPU (defined by jit/cuda_eager.hpp).
 inline void push_convert_cuda(const Tensor& src, const Tensor& dst);
 
+// Queues copying src into dst, both on one GPU in one dtype, any layouts (defined by jit/cuda_layout.hpp).
+inline void push_copy_cuda(const Tensor& src, const Tensor& dst);
+
 // Queues a copy to, from or between GPUs: bytes moved on the GPU's stream
 // (from the host through pinned staging). The host's side is made contiguous
-// and converted on the host; on a GPU a view is gathered, and a dtype
+// and converted on the host; on a GPU a view is read or written, and a dtype
 // converted, by a kernel.
 inline void copy_with_gpu(const Tensor& src, const Tensor& dst) {
   const Device gpu = dst.device().kind == DeviceKind::cuda ? dst.device() : src.device();
@@ -214,31 +217,25 @@ inline void copy_with_gpu(const Tensor& src, const Tensor& dst) {
     copy_with_gpu(src, staged);
     return copy_into(staged, dst);
   }
-  if (src.device().kind == DeviceKind::cuda && !src.is_contiguous() && src.dtype() == dst.dtype()) {
-    // A view on a GPU is gathered there by a kernel that reads it through its strides.
-    if (src.device() == dst.device() && dst.is_contiguous())
-      return push_fused_cuda(yap::make_terminal<expression>(src), leaf_list{&src}, dst);
+  if (src.device() == dst.device() && src.dtype() == dst.dtype() && (!src.is_contiguous() || !dst.is_contiguous()))
+    return push_copy_cuda(src, dst);
+  if (!src.is_contiguous()) {
     Tensor gathered(src.shape(), src.dtype(), src.device());
-    copy_with_gpu(src, gathered);
+    push_copy_cuda(src, gathered);
     return copy_with_gpu(gathered, dst);
   }
+  if (!dst.is_contiguous()) {
+    Tensor staged(dst.shape(), dst.dtype(), dst.device());
+    copy_with_gpu(src, staged);
+    return push_copy_cuda(staged, dst);
+  }
   if (src.dtype() != dst.dtype()) {
-    // Both sides are on GPUs: src (gathered first if it is a view) is converted on its GPU by a kernel.
-    if (!src.is_contiguous()) {
-      Tensor gathered(src.shape(), src.dtype(), src.device());
-      copy_with_gpu(src, gathered);
-      return copy_with_gpu(gathered, dst);
-    }
-    if (src.device() == dst.device() && dst.is_contiguous()) return push_convert_cuda(src, dst);
+    // Both sides are on GPUs: src is converted on its GPU by a kernel.
+    if (src.device() == dst.device()) return push_convert_cuda(src, dst);
     Tensor converted(src.shape(), dst.dtype(), src.device());
     push_convert_cuda(src, converted);
     return copy_with_gpu(converted, dst);
   }
-  if (!src.is_contiguous() || !dst.is_contiguous())
-    fail<DeviceError>("copy from ", src.device(), " to ", dst.device(), ": a view of shape ",
-                      to_string(src.is_contiguous() ? dst.shape() : src.shape()), " on ", gpu,
-                      " that is not contiguous cannot be copied yet; copy the whole tensor and take the view on "
-                      "the CPU");
   push_op_on(gpu, "copy", {src}, {dst}, [src, dst] {
     using backend::cuda::CUdeviceptr;
     const std::size_t bytes = static_cast<std::size_t>(src.size()) * size_of(src.dtype());

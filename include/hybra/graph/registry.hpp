@@ -15,6 +15,7 @@
 
 #include "../core/separate_compilation.hpp"
 #include "../jit/cuda_launch.hpp"
+#include "../jit/cuda_layout.hpp"
 #include "../jit/elementwise_op.hpp"
 #include "../ops/conv.hpp"
 #include "../ops/conv_backward.hpp"
@@ -113,7 +114,9 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
   def("matmul", 2, [](T in, A) { return matmul(in[0], in[1]); }, contraction, [](T in, const Tensor&, A, backend::cuda::Gpu&) {
     return hybra::detail::linalg::cuda_matmul_launch(in[0], in[1]);
   });
-  def("dot", 2, [](T in, A) { return dot(in[0], in[1]); }, contraction);
+  def("dot", 2, [](T in, A) { return dot(in[0], in[1]); }, contraction, [](T in, const Tensor&, A, backend::cuda::Gpu&) {
+    return hybra::detail::linalg::cuda_dot_launch(in[0], in[1]);
+  });
   // A reduction's or softmax's launches read the node's attributes as its eager op does.
   using R = jit::Reduction;
   using Gpu = backend::cuda::Gpu&;
@@ -151,7 +154,11 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
     return slice(in[0], int_attr(a, "axis", "slice"), optional_int_attr(a, "begin", "slice"),
                  optional_int_attr(a, "end", "slice"), int_attr(a, "step", "slice"));
   });
-  def("concat", -1, [](T in, A a) { return concat(std::vector<Tensor>(in.begin(), in.end()), int_attr(a, "axis", "concat")); });
+  def("concat", -1, [](T in, A a) { return concat(std::vector<Tensor>(in.begin(), in.end()), int_attr(a, "axis", "concat")); },
+      nullptr, [](T in, const Tensor& out, A a, Gpu gpu) {
+        const int ax = hybra::detail::checked_axis(int_attr(a, "axis", "concat"), out.shape(), "concat");
+        return jit::cuda_write_views_launch(in, hybra::detail::concat_views(in, out, ax), out, false, "concat", gpu);
+      });
   def("astype", 1, [](T in, A a) { return in[0].astype(parse_dtype(find_attr(a, "dtype", "astype"), "astype")); });
   def("flatten", 1, [](T in, A) { return flatten(in[0]); });
   def("broadcast_to", 1, [](T in, A a) {
@@ -225,6 +232,11 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
     return slice_backward(in[0], shape_attr(a, "slice_backward"), int_attr(a, "axis", "slice_backward"),
                           optional_int_attr(a, "begin", "slice_backward"), optional_int_attr(a, "end", "slice_backward"),
                           int_attr(a, "step", "slice_backward"));
+  }, nullptr, [](T in, const Tensor& out, A a, Gpu gpu) {
+    constexpr std::string_view op = "slice_backward";
+    const Tensor read = slice(out, int_attr(a, "axis", op), optional_int_attr(a, "begin", op),
+                              optional_int_attr(a, "end", op), int_attr(a, "step", op));
+    return jit::cuda_write_views_launch(in, std::span(&read, 1), out, true, op, gpu);
   });
   // (dy, weight) and (dy, data), with the forward conv2d's attributes and the shape of what they return.
   gradient("conv2d_backward_data", 2, [](T in, A a) {

@@ -41,16 +41,6 @@ using Pool2dGeometry = hybra::detail::nn::Pool2dGeometry;
 static_assert(sizeof(Conv2dGeometry) == 16 * sizeof(long long) && sizeof(long long) == sizeof(std::int64_t));
 static_assert(sizeof(Pool2dGeometry) == 12 * sizeof(long long));
 
-// How an elementwise kernel of these files covers `elements`, as Gpu::launch
-// would; fixed when the steps are planned, so a test can run the same grid.
-struct ElementwiseGrid {
-  unsigned blocks, threads;
-};
-
-inline ElementwiseGrid grid_over(std::int64_t elements, int multiprocessors) {
-  return {backend::cuda::Gpu::elementwise_blocks(elements, multiprocessors), backend::cuda::Gpu::threads_per_block};
-}
-
 // ---- convolutions ----
 
 enum class ConvPass { forward, backward_data, backward_weight };

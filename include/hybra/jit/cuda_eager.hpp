@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "../backend/cuda/gpu.hpp"
+#include "cuda_layout.hpp"
 #include "cuda_source.hpp"
 
 namespace hybra {
@@ -38,9 +39,13 @@ struct CudaExpressionKernels {
 inline void push_fused_program_cuda(std::string_view name, CudaExpressionKernels& kernels,
                                     backend::cpu::FusedProgram (*program)(const void*), const void* expression,
                                     const leaf_list& leaves, const Tensor& out) {
-  if (!out.is_contiguous())
-    fail<DeviceError>(name, " on ", out.device(), ": the destination is a view of shape ", to_string(out.shape()),
-                      " that is not contiguous; on a GPU an expression writes a contiguous tensor (so far)");
+  if (!out.is_contiguous()) {
+    // A kernel writes its result contiguously (one kernel per layout of the
+    // operands is enough); a copy then puts it into the view.
+    Tensor whole(out.shape(), out.dtype(), out.device());
+    push_fused_program_cuda(name, kernels, program, expression, leaves, whole);
+    return push_copy_cuda(whole, out);
+  }
   // Operands of the result's shape that are contiguous are read at the
   // element's index by one kernel per dtype; a broadcast operand or a view
   // gets a kernel of its own layout (its strides are constants of the code).

@@ -31,6 +31,16 @@ struct CudaLaunch {
   bool reads_views = false;
 };
 
+// How a grid-stride kernel of kernels/ covers `elements`, as Gpu::launch
+// would; fixed when a launch is made, so a test can run the same grid.
+struct ElementwiseGrid {
+  unsigned blocks, threads;
+};
+
+inline ElementwiseGrid grid_over(std::int64_t elements, int multiprocessors) {
+  return {backend::cuda::Gpu::elementwise_blocks(elements, multiprocessors), backend::cuda::Gpu::threads_per_block};
+}
+
 // The eager op: queues `launch` on out's GPU as one engine op reading
 // `inputs` (laid out as the launch was made for) and writing out, with
 // scratch memory of its own.

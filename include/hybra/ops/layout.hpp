@@ -5,6 +5,7 @@
 // then handled by whichever op reads it (fused loops take any strides).
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "../expr/evaluate.hpp"
@@ -168,6 +169,19 @@ inline Tensor slice_backward(const Tensor& dy, const Shape& shape, std::int64_t 
   return dx;
 }
 
+namespace detail {
+// Where concat writes each part: views of out, one after another along axis ax.
+inline std::vector<Tensor> concat_views(std::span<const Tensor> parts, const Tensor& out, int ax) {
+  std::vector<Tensor> views;
+  std::int64_t at = 0;
+  for (const Tensor& t : parts) {
+    views.push_back(out.view(t.shape(), out.strides(), out.offset() + at * out.strides()[ax]));
+    at += t.shape()[ax];
+  }
+  return views;
+}
+}  // namespace detail
+
 // Joins tensors along an existing axis. Extents must match on every other
 // axis; the result has the promoted dtype of all inputs.
 inline Tensor concat(const std::vector<Tensor>& tensors, std::int64_t axis = 0) {
@@ -191,12 +205,9 @@ inline Tensor concat(const std::vector<Tensor>& tensors, std::int64_t axis = 0) 
     dtype = promote_types(dtype, t.dtype());
   }
   Tensor out(out_shape, dtype, first.device());
-  std::int64_t at = 0;
-  for (const auto& t : tensors) {
-    if (t.shape()[ax] == 0) continue;
-    out.view(t.shape(), out.strides(), at * out.strides()[ax]).assign(t);
-    at += t.shape()[ax];
-  }
+  std::vector<Tensor> views = detail::concat_views(tensors, out, ax);
+  for (std::size_t k = 0; k < tensors.size(); ++k)
+    if (tensors[k].size()) views[k].assign(tensors[k]);
   return rec.output(out, [&] { return axis_attrs(axis); });
 }
 

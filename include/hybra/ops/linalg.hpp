@@ -243,6 +243,21 @@ inline std::optional<jit::CudaLaunch> cuda_matmul_launch(const Tensor& a, const 
   return cuda_product_launch(a, b, batch, a.dtype());
 }
 
+// dot of operands laid out as a and b on a GPU, as one product of a's rows
+// and b's matrix; nullopt where the eager op must prepare them first (a 0-d
+// operand, dtypes to promote, a b of more than two dims to transpose).
+inline std::optional<jit::CudaLaunch> cuda_dot_launch(const Tensor& a, const Tensor& b) {
+  if (a.ndim() == 0 || b.ndim() == 0 || b.ndim() > 2 || a.dtype() != b.dtype() || !is_floating(a.dtype()) ||
+      (a.ndim() > 2 && !a.is_contiguous()))
+    return std::nullopt;
+  const std::int64_t K = a.shape().back();
+  const std::int64_t rows = checked_numel(Shape(a.shape().begin(), a.shape().end() - 1));
+  const Tensor a2 = a.ndim() == 1 ? as_matrix(a, true) : a.ndim() == 2 ? a : a.view({rows, K}, {K, 1}, a.offset());
+  const Tensor b2 = b.ndim() == 1 ? as_matrix(b, false) : b;
+  if (!blas_layout(a2).ok || !blas_layout(b2).ok) return std::nullopt;
+  return cuda_product_launch(a2, b2, Shape{}, a.dtype());
+}
+
 }  // namespace detail::linalg
 
 // NumPy's matmul: the last two dims are matrices, the others batch dims that
@@ -340,6 +355,11 @@ Tensor dot(A&& a_in, B&& b_in) {
     b2 = reshape(transpose(b, k_first), {K, rest_of_b});
   }
   Tensor out(out_shape, dtype, a.device());
+  if (out.device().kind == DeviceKind::cuda) {
+    la::require_gpu_product("dot", dtype, {&a2, &b2});
+    jit::push_cuda_launch("dot", {a2, b2}, out, la::cuda_product_launch(a2, b2, Shape{}, dtype));
+    return rec.output(out);
+  }
   push_op("dot", {a2, b2}, {out}, [a2, b2, out] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
