@@ -652,7 +652,39 @@ TEST_CASE("cuda kernels: random fills on simulated threads draw what the CPU dra
     }
 }
 
-TEST_CASE("cuda kernels: the random program compiles for sm_90, with an entry per draw and dtype") {
+TEST_CASE("cuda kernels: dropout on simulated threads keeps and scales what the CPU's dropout does") {
+  autograd::train_mode training;
+  for (DType d : {DType::float32, DType::float64}) {
+    CAPTURE(name(d));
+    const Tensor x = sample(d, {5, 7}, 40);  // odd count
+    Generator gen(21);
+    gen.advance(3);
+    const kernels::draw_params p{gen.advance(0), gen.key()[0], gen.key()[1], 0, 0};
+    Tensor want;
+    {
+      generator_scope scope(gen);
+      want = dropout(x, 0.3);
+    }
+    for (bool from_plan : {false, true}) {
+      CAPTURE(from_plan);
+      Tensor got(x.shape(), d);
+      x.wait_to_read();
+      const jit::ElementwiseGrid grid = jit::grid_over(Generator::blocks_for(x.size()), 1);
+      dispatch(d, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (std::is_floating_point_v<T>) {
+          simt::launch(grid.blocks, grid.threads, [&] {
+            kernels::dropout(static_cast<const T*>(x.raw_data()), static_cast<T*>(got.raw_data()), x.size(),
+                             from_plan ? kernels::draw_params{} : p, from_plan ? &p : nullptr, 0.3);
+          });
+        }
+      });
+      CHECK(got.to_vector<double>() == want.to_vector<double>());
+    }
+  }
+}
+
+TEST_CASE("cuda kernels: the random program compiles for sm_90, with an entry per draw and dtype, and dropout's") {
   REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
   const std::string ptx = jit::cuda_ptx(jit::cuda_random_program(), "random.cu");
   for (DType d : {DType::float32, DType::float64})
@@ -663,4 +695,5 @@ TEST_CASE("cuda kernels: the random program compiles for sm_90, with an entry pe
       // on the CPU: no fused multiply-add (the normals' log, cos and sin have theirs).
       if (!normal) CHECK(ptx.substr(entry, ptx.find(".entry", entry + 1) - entry).find("fma.rn.f64") == std::string::npos);
     }
+  for (DType d : {DType::float32, DType::float64}) CHECK(ptx.find(".entry " + jit::dropout_entry(d) + "(") != std::string::npos);
 }

@@ -30,7 +30,8 @@ namespace {
 
 // The stand-ins' test hooks (tests/fake_cuda/).
 struct FakeDriver {
-  void* handle = ::dlopen(std::getenv("HYBRA_CUDA_DRIVER"), RTLD_NOW | RTLD_NOLOAD);
+  // Probing the driver loads the stand-in, whichever test runs first.
+  void* handle = (backend::cuda::driver_status(), ::dlopen(std::getenv("HYBRA_CUDA_DRIVER"), RTLD_NOW | RTLD_NOLOAD));
   template <class F>
   F hook(const char* name) const {
     REQUIRE(handle);
@@ -43,7 +44,7 @@ struct FakeDriver {
   void fail_next_sync(int error) const { hook<void (*)(int)>("hybra_fake_cuda_fail_next_sync")(error); }
   template <class F>
   F library_hook(const char* env, const char* name) const {
-    void* lib = ::dlopen(std::getenv(env), RTLD_NOW | RTLD_NOLOAD);
+    void* lib = ::dlopen(std::getenv(env), RTLD_NOW);  // the library hybra loads (or will: the same handle)
     REQUIRE(lib);
     void* f = ::dlsym(lib, name);
     REQUIRE(f != nullptr);
@@ -600,10 +601,31 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
 
     const Tensor x = ones({8, 8}, DType::float32, cuda(0));
     autograd::train_mode training;
+    const long launches = fake.calls("cuLaunchKernel");
     const Tensor dropped = dropout(x, 0.5);
     waitall();
     CHECK(dropped.device() == cuda(0));
+    CHECK(fake.last_launch() == "hybra_dropout_float32");
+    CHECK(fake.calls("cuLaunchKernel") == launches + 1);  // draws and mask in one kernel
     CHECK(fake.calls("cuMemcpyHtoDAsync") == uploads);
+
+    // Captured in training mode, dropout is a launch step: the plan replays a
+    // CUDA graph, writing each call's draws (key and first block) to the GPU
+    // before it, and takes its counter blocks from the generator as an eager call would.
+    auto v = sym::var("v", Shape{8, 8});
+    jit::Plan plan(graph::optimize(graph::trace({dropout(relu(v), 0.5) * 2})), cuda(0), true, "dropout");
+    REQUIRE(plan.replays_graph());
+    waitall();  // the plan's copies of its constants
+    Generator& gen = default_generator();
+    for (int call = 0; call < 3; ++call) {
+      const std::uint64_t before = gen.advance(0);
+      const long copied = fake.calls("cuMemcpyHtoDAsync");
+      CHECK(plan({x})[0].shape() == Shape{8, 8});
+      waitall();
+      CHECK(gen.advance(0) == before + Generator::blocks_for(64));
+      CHECK(fake.calls("cuMemcpyHtoDAsync") == copied + 1);
+    }
+    CHECK(plan.graphs_recorded() == 1);
   }
 
   TEST_CASE("cuda fake: dot on a GPU is one cuBLAS product, as matmul is") {

@@ -222,6 +222,22 @@ TEST_SUITE("gpu" * doctest::skip()) {
       const auto gn = n.to_vector<double>(), cn = random_normal({1001}, 1, 2, t).to_vector<double>();
       for (std::size_t i = 0; i < cn.size(); ++i) CHECK(gn[i] == doctest::Approx(cn[i]).epsilon(t == DType::float32 ? 1e-6 : 1e-14));
     }
+    // Dropout keeps the same elements, eager and as a replayed plan's step.
+    autograd::train_mode training;
+    seed(10);
+    const Tensor on_gpu = dropout(ga, 0.4);
+    seed(10);
+    same(on_gpu, dropout(a, 0.4));
+    auto v = sym::var("v", Shape{4, 3, 5});
+    const auto g = graph::optimize(graph::trace({dropout(v, 0.4) + 1}));
+    jit::Plan gpu_plan(g, cuda(0), true, "gpu dropout"), cpu_plan(g, cpu(), true, "cpu dropout");
+    for (int call = 0; call < 3; ++call) {
+      seed(11 + call);
+      const Tensor got = gpu_plan({ga})[0];
+      seed(11 + call);
+      same(got, cpu_plan({a})[0]);
+    }
+    CHECK(gpu_plan.graphs_recorded() == 1);
   }
 
   TEST_CASE("gpu: reductions, argmax, softmax and log_softmax of every dtype on cuda(0) against the CPU") {

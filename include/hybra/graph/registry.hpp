@@ -16,6 +16,7 @@
 #include "../core/separate_compilation.hpp"
 #include "../jit/cuda_launch.hpp"
 #include "../jit/cuda_layout.hpp"
+#include "../jit/cuda_random.hpp"
 #include "../jit/elementwise_op.hpp"
 #include "../ops/conv.hpp"
 #include "../ops/conv_backward.hpp"
@@ -170,7 +171,13 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
       fail<ValueError>("fully_connected: takes (data, weight) or (data, weight, bias), not ", in.size(), " inputs");
     return fully_connected(in[0], in[1], in.size() == 3 ? in[2] : Tensor{});
   }, filtered);
-  def("dropout", 1, [](T in, A a) { return dropout(in[0], parse_double(find_attr(a, "rate", "dropout"), "dropout")); });
+  def("dropout", 1, [](T in, A a) { return dropout(in[0], parse_double(find_attr(a, "rate", "dropout"), "dropout")); },
+      nullptr, [](T in, const Tensor& out, A a, Gpu gpu) -> std::optional<jit::CudaLaunch> {
+        // Predicting (or at rate 0) it is the identity: a view, no launch.
+        const double rate = parse_double(find_attr(a, "rate", "dropout"), "dropout");
+        if (!autograd::is_training() || rate == 0 || !is_floating(in[0].dtype())) return std::nullopt;
+        return jit::cuda_dropout_launch(out.dtype(), out.size(), rate, gpu);
+      });
   // A (height, width) attribute: "(2, 3)", or one number for both.
   static constexpr auto size2d = [](A a, std::string_view key, std::string_view op) {
     auto v = parse_tuple(find_attr(a, key, op), op);

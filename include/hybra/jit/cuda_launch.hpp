@@ -29,6 +29,12 @@ struct CudaLaunch {
   // made for (cuBLAS reads a transposed matrix in place); else they are
   // contiguous.
   bool reads_views = false;
+  // A launch that draws random numbers (dropout): the counter blocks one run
+  // takes. Such a run is handed, in place of scratch memory, the address on
+  // the GPU of the kernels::draw_params its draws start from (key and first
+  // block), which whoever runs it writes there first: a CUDA graph replays
+  // the same launches, and draws anew each call.
+  std::uint64_t draw_blocks = 0;
 };
 
 // How a grid-stride kernel of kernels/ covers `elements`, as Gpu::launch

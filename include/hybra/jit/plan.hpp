@@ -9,9 +9,10 @@
 // NVRTC compile for the plan), fully_connected is one cuBLASLt GEMM whose
 // epilogue adds the bias and, when the graph applies one next, the ReLU; an
 // op with launches of its own (reductions, softmax, matmul, convolutions,
-// pooling: graph::OpDef::cuda_launch) runs them in the plan's buffers; and
-// from the second call on, a plan whose steps are all of these replays them
-// as one CUDA graph (cuda_plan_graphs below).
+// pooling, dropout: graph::OpDef::cuda_launch) runs them in the plan's
+// buffers; and from the second call on, a plan whose steps are all of these
+// replays them as one CUDA graph (cuda_plan_graphs below). Dropout's draws
+// are the call's: the plan writes where they start before each call.
 //
 // Memory planning: every intermediate value a step writes gets a slice of one
 // preallocated workspace; values whose lifetimes do not overlap share a
@@ -38,6 +39,7 @@
 #include "../backend/cuda/cublaslt.hpp"
 #include "../backend/cuda/graph.hpp"
 #include "cuda_launch.hpp"
+#include "cuda_random.hpp"
 #include "cuda_source.hpp"
 
 namespace hybra::jit {
@@ -124,6 +126,10 @@ class Plan {
     backend::cuda::CUfunction kernel = nullptr;
     const backend::cuda::DenseMatmul* matmul = nullptr;
     std::optional<CudaLaunch> launch;  // a launch step's: the op's launches
+    // A launch step that draws: the first of the call's counter blocks it
+    // takes, and its slot in State::draws.
+    std::uint64_t draw_offset = 0;
+    int draw_slot = -1;
   };
   // A GPU plan's CUDA graph and what it reads. Inputs are read where the
   // recording found them (a block's parameters, say); an input whose tensor
@@ -149,6 +155,10 @@ class Plan {
     Tensor scratch;  // the end of the workspace: launch steps' scratch memory (they run one at a time)
     std::size_t peak_bytes = 0, unplanned_bytes = 0;
     std::uint64_t draw_blocks = 0;  // the random counter blocks one call draws
+    // On a GPU: per drawing launch step, the DrawParams it draws from,
+    // written before each call (CudaLaunch::draw_blocks).
+    Tensor draws;
+    std::size_t draw_slots = 0;
     engine::OpLength length = engine::OpLength::unknown;
     std::vector<Tensor> constants;  // per node: the plan's copy of a constant's value
     // Per node, during a call (calls are serialised by the workspace): where
@@ -163,6 +173,7 @@ class Plan {
     void run_steps(const std::vector<Tensor>& inputs, const Outputs& outputs) const;
     void write_outputs(const Outputs& outputs) const;
     void replay_on_gpu(const std::vector<Tensor>& inputs, const Outputs& outputs) const;
+    void write_draws(Generator& gen) const;
   };
 
   // The latest call's inputs (contiguous), shared with its op. A call given
@@ -356,9 +367,13 @@ inline void Plan::build() {
       layout[i] = Tensor(*n.meta.shape, *n.meta.dtype, meta());
       planned[i] = kind == Kind::fused || kind == Kind::product || kind == Kind::launch || (kind == Kind::eager && n.body);
     }
-    s.draw_blocks += graph::detail::draw_blocks(n, s.training);
     Step step{.kind = kind, .node = static_cast<int>(i)};
     step.view = kind == Kind::eager && alias[i] >= 0;
+    if (launch && launch->draw_blocks) {
+      step.draw_offset = s.draw_blocks;
+      step.draw_slot = static_cast<int>(s.draw_slots++);
+    }
+    s.draw_blocks += graph::detail::draw_blocks(n, s.training);
     step.launch = std::move(launch);
     if (kind == Kind::product && n.op == "conv2d") step.conv = detail::conv2d_geometry(n, in);
     if (kind == Kind::fused) {
@@ -445,12 +460,17 @@ inline void Plan::build() {
     if (step.launch) scratch_bytes = std::max(scratch_bytes, static_cast<std::size_t>(step.launch->scratch_bytes));
   const std::size_t scratch_offset = end;
   end += (scratch_bytes + align - 1) / align * align;
+  const std::size_t draws_offset = end, draws_bytes = s.draw_slots * sizeof(DrawParams);
+  end += (draws_bytes + align - 1) / align * align;
   s.peak_bytes = end;
   s.length = detail::is_brief(g, layout) ? engine::OpLength::brief : engine::OpLength::unknown;
   s.workspace = Tensor(Shape{static_cast<std::int64_t>(std::max<std::size_t>(end, 1))}, DType::uint8, s.device);
   if (scratch_bytes)
     s.scratch = Tensor::from_storage(s.workspace.storage(), {static_cast<std::int64_t>(scratch_bytes)}, DType::uint8,
                                      scratch_offset);
+  if (draws_bytes)
+    s.draws = Tensor::from_storage(s.workspace.storage(), {static_cast<std::int64_t>(draws_bytes)}, DType::uint8,
+                                   draws_offset);
   s.buffer.resize(count);
   for (std::size_t i = 0; i < count; ++i)
     if (planned[i])
@@ -488,7 +508,7 @@ inline void Plan::build_gpu(const std::vector<Tensor>& layout) {
     if (std::none_of(kernels.begin(), kernels.end(), [&](const CudaKernel& k) { return k.name == kernel.name; }))
       kernels.push_back(std::move(kernel));
   };
-  s.replayable = detail::cuda_plan_graphs() && s.draw_blocks == 0;
+  s.replayable = detail::cuda_plan_graphs();
   for (auto& step : s.steps) {
     const auto i = static_cast<std::size_t>(step.node);
     const auto& n = g.nodes[i];
@@ -515,6 +535,7 @@ inline void Plan::State::execute(const std::vector<Tensor>& inputs, const Output
   // its steps are not the caller's ops to record.
   autograd::pause mode(training);
   generator_scope drawing(draws);
+  if (draw_slots) write_draws(draws);
   if (replayable) return replay_on_gpu(inputs, outputs);
   run_steps(inputs, outputs);
   write_outputs(outputs);
@@ -585,8 +606,11 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
         boost::container::small_vector<const void*, 4> in;
         for (std::size_t k = 0; k < graph::own_inputs(n); ++k)
           in.push_back(values[static_cast<std::size_t>(n.inputs[k])]->raw_data());
+        void* own_scratch = step.draw_slot >= 0 ? static_cast<char*>(draws.raw_data()) + step.draw_slot * sizeof(DrawParams)
+                            : scratch.defined()  ? scratch.raw_data()
+                                                 : nullptr;
         step.launch->run(backend::cuda::gpu(device.id), std::span<const void* const>(in.data(), in.size()),
-                         dst.raw_data(), scratch.defined() ? scratch.raw_data() : nullptr);
+                         dst.raw_data(), own_scratch);
         if (step.loop) run_loop(step, dst, dst);
         values[i] = &dst;
         break;
@@ -626,6 +650,18 @@ inline void Plan::State::write_outputs(const Outputs& outputs) const {
   if (replayable) return;
   for (std::size_t i = 0; i < made.size(); ++i)
     if (steps[i].kind == Kind::eager) made[i] = Tensor{};
+}
+
+// The call's draws for its drawing launch steps, copied to the GPU ahead
+// of the steps (or the graph replaying them) on the stream.
+inline void Plan::State::write_draws(Generator& gen) const {
+  const std::uint64_t first = gen.advance(0);
+  std::vector<DrawParams> params(draw_slots);
+  for (const auto& step : steps)
+    if (step.draw_slot >= 0)
+      params[static_cast<std::size_t>(step.draw_slot)] = {first + step.draw_offset, gen.key()[0], gen.key()[1], 0, 0};
+  backend::cuda::gpu(device.id).copy_from_host(reinterpret_cast<backend::cuda::CUdeviceptr>(draws.raw_data()),
+                                               params.data(), params.size() * sizeof(DrawParams));
 }
 
 inline void Plan::State::replay_on_gpu(const std::vector<Tensor>& inputs, const Outputs& outputs) const {

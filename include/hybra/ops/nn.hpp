@@ -8,6 +8,7 @@
 #include "../backend/cpu/gemv.hpp"
 #include "../backend/cuda/cublaslt.hpp"
 #include "../core/creation.hpp"
+#include "../jit/cuda_random.hpp"
 #include "layout.hpp"
 #include "linalg.hpp"
 
@@ -113,7 +114,10 @@ auto activation(X&& x, std::string_view act_type) {
 }
 
 // Zeroes each element with probability `rate` and scales the rest by
-// 1 / (1 - rate) while training (autograd::train_mode); the identity when predicting.
+// 1 / (1 - rate) while training (autograd::train_mode); the identity when
+// predicting. Element i is kept where the uniform random_uniform(0, 1) would
+// draw for it is at least rate, on either device (a GPU draws the same
+// numbers: jit/cuda_random.hpp); its gradient is the op table's.
 template <tensor_like X>
 Tensor dropout(X&& x_in, double rate) {
   Tensor x = eval(x_in);
@@ -121,8 +125,20 @@ Tensor dropout(X&& x_in, double rate) {
   if (!(rate >= 0 && rate < 1)) fail<ValueError>("dropout: rate ", rate, " must be in [0, 1)");
   if (!autograd::is_training() || rate == 0) return x;
   if (!is_floating(x.dtype())) fail<DTypeError>("dropout: dtype ", name(x.dtype()), " is not floating");
-  Tensor keep = random_uniform(x.shape(), 0, 1, x.dtype(), x.device());
-  return eval(where(keep >= rate, x / (1 - rate), 0));
+  autograd::op_record rec("dropout", {x});
+  auto attrs = [rate] { return graph::Attrs{{"rate", graph::attr_text(rate)}}; };
+  if (x.device().kind != DeviceKind::cuda) {
+    const Tensor keep = random_uniform(x.shape(), 0, 1, x.dtype(), x.device());
+    return rec.output(eval(where(keep >= rate, x / (1 - rate), 0)), attrs);
+  }
+  const Tensor xc = x.contiguous(), out(x.shape(), x.dtype(), x.device());
+  Generator& gen = default_generator();
+  const jit::DrawParams draws{gen.advance(Generator::blocks_for(x.size())), gen.key()[0], gen.key()[1], 0, 0};
+  push_op_on(x.device(), "dropout", {xc}, {out},
+             [xc, out, draws, kernel = jit::DropoutKernel(x.dtype(), x.size(), rate, backend::cuda::gpu(x.device().id))] {
+               kernel.run(backend::cuda::gpu(out.device().id), xc.raw_data(), out.raw_data(), draws, nullptr);
+             });
+  return rec.output(out, attrs);
 }
 
 }  // namespace hybra
