@@ -125,4 +125,20 @@ __device__ void pool2d_backward(const T* dy, const T* x, T* dx, pool_geometry g,
   }
 }
 
+// The max pool's gradient where windows do not overlap (jit/cuda_conv.hpp's
+// disjoint_windows: LeNet's 2x2 windows of stride 2, a global pool): a
+// thread per window puts its dy on its first maximum, into a dx the launch
+// has zeroed. Each input element is in at most one window, so this writes
+// what pool2d_backward gathers, finding a window's maximum once rather than
+// once for every element it holds (for a global pool, once per plane rather
+// than once per pixel).
+template <class T>
+__device__ void max_pool2d_backward_disjoint(const T* dy, const T* x, T* dx, pool_geometry g) {
+  const long long total = g.N * g.C * g.OH * g.OW;
+  for (long long i = first_element(); i < total; i += grid_stride()) {
+    const long long ow = i % g.OW, oh = i / g.OW % g.OH, plane = i / (g.OW * g.OH);
+    dx[plane * g.H * g.W + first_maximum(x + plane * g.H * g.W, g, oh, ow)] = dy[i];
+  }
+}
+
 }  // namespace hybra::kernels

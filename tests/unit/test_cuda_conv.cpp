@@ -126,13 +126,17 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     const Tensor dx = pool2d_backward(ones({2, 3, 4, 4}, DType::float32, cuda(0)), x, true, 2, 2, 0, true);
     waitall();
     CHECK(dx.shape() == x.shape());
-    CHECK(fake.last_launch() == "hybra_max_pool2d_backward_float32");
+    CHECK(fake.last_launch() == "hybra_max_pool2d_backward_disjoint_float32");  // a thread per window
+    const Tensor overlapping = pool2d_backward(ones({2, 3, 6, 6}, DType::float32, cuda(0)), x, true, 3, 1, 0, true);
+    waitall();
+    CHECK(overlapping.shape() == x.shape());
+    CHECK(fake.last_launch() == "hybra_max_pool2d_backward_float32");  // a thread per input element
     const Tensor c = ones({3}, DType::float32, cuda(0));
     const Tensor bn = batch_norm(x, c, c, c, c);
     waitall();
     CHECK(bn.shape() == x.shape());
     CHECK(fake.last_launch() == "hybra_batch_norm_float32");
-    CHECK(fake.launches() == launches + 5);
+    CHECK(fake.launches() == launches + 6);
     CHECK(fake.gemms() == gemms);
     CHECK_THROWS_WITH_AS(max_pool2d(x, 2, 2, 2), doctest::Contains("max_pool2d: padding (2, 2) must be smaller than the kernel (2, 2)"),
                          ValueError);

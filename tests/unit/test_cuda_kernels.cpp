@@ -421,7 +421,11 @@ struct PoolCase {
 template <bool Max>
 Tensor simulated_pool(const detail::nn::Pool2dGeometry& g, const Tensor& x, const Tensor* dy, bool count_include_pad) {
   const DType d = x.dtype();
-  Tensor out(dy ? x.shape() : Shape{g.N, g.C, g.OH, g.OW}, d);
+  const bool per_window = Max && dy && jit::disjoint_windows(g);
+  // Zeroed where the launch zeroes dx first; else NaN, which every element written replaces.
+  const Shape shape = dy ? x.shape() : Shape{g.N, g.C, g.OH, g.OW};
+  Tensor out = per_window ? zeros(shape, d) : full(shape, NAN, d);
+  out.wait_to_write();
   x.wait_to_read();
   if (dy) dy->wait_to_read();
   const auto geometry = std::bit_cast<kernels::pool_geometry>(g);
@@ -430,9 +434,11 @@ Tensor simulated_pool(const detail::nn::Pool2dGeometry& g, const Tensor& x, cons
     if constexpr (std::is_floating_point_v<T>) {
       const T* xs = static_cast<const T*>(x.raw_data());
       T* ys = static_cast<T*>(out.raw_data());
-      const jit::ElementwiseGrid grid = jit::grid_over(out.size(), 1);
+      const jit::ElementwiseGrid grid = jit::grid_over(per_window ? g.N * g.C * g.OH * g.OW : out.size(), 1);
       simt::launch(grid.blocks, grid.threads, [&] {
-        if (dy) kernels::pool2d_backward<T, Max>(static_cast<const T*>(dy->raw_data()), xs, ys, geometry, count_include_pad);
+        const T* dys = dy ? static_cast<const T*>(dy->raw_data()) : nullptr;
+        if (per_window) kernels::max_pool2d_backward_disjoint<T>(dys, xs, ys, geometry);
+        else if (dy) kernels::pool2d_backward<T, Max>(dys, xs, ys, geometry, count_include_pad);
         else kernels::pool2d<T, Max>(xs, ys, geometry, count_include_pad);
       });
     }
@@ -555,6 +561,7 @@ TEST_CASE("cuda kernels: every convolution, pooling and batch_norm program compi
     const std::string pool = jit::cuda_ptx(jit::cuda_pool_program(d), "pool.cu");
     for (bool max : {false, true})
       for (bool backward : {false, true}) CHECK(pool.find(".entry " + jit::pool_entry(max, backward, d) + "(") != std::string::npos);
+    CHECK(pool.find(".entry " + jit::disjoint_max_pool_backward_entry(d) + "(") != std::string::npos);
     const std::string bn = jit::cuda_ptx(jit::cuda_batch_norm_program(d), "batch_norm.cu");
     CHECK(bn.find(".entry " + jit::batch_norm_entry(d) + "(") != std::string::npos);
   }

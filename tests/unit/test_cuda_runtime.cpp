@@ -511,6 +511,14 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     waitall();
     CHECK(fake.calls("cuLaunchKernel") == launches + 4);
     CHECK(fake.last_launch() == "hybra_convert_float32_to_uint8");
+
+    // Captured, a conversion (or a copy, to its own dtype) is a launch step: the plan replays.
+    auto s = sym::var("s", Shape{4, 3});
+    jit::Plan plan(graph::trace({s.astype(DType::float64), s.astype(DType::float32)}), cuda(0), false, "astype");
+    CHECK(plan.replays_graph());
+    for (int call = 0; call < 2; ++call) CHECK(plan({a})[0].dtype() == DType::float64);
+    waitall();
+    CHECK(plan.graphs_recorded() == 1);
   }
 
   TEST_CASE("cuda fake: allreduce over GPUs is one NCCL group; two GPUs train a data-parallel MLP") {

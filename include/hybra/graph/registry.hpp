@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../core/separate_compilation.hpp"
+#include "../jit/cuda_eager.hpp"
 #include "../jit/cuda_launch.hpp"
 #include "../jit/cuda_layout.hpp"
 #include "../jit/cuda_random.hpp"
@@ -160,7 +161,11 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
         const int ax = hybra::detail::checked_axis(int_attr(a, "axis", "concat"), out.shape(), "concat");
         return jit::cuda_write_views_launch(in, hybra::detail::concat_views(in, out, ax), out, false, "concat", gpu);
       });
-  def("astype", 1, [](T in, A a) { return in[0].astype(parse_dtype(find_attr(a, "dtype", "astype"), "astype")); });
+  def("astype", 1, [](T in, A a) { return in[0].astype(parse_dtype(find_attr(a, "dtype", "astype"), "astype")); },
+      nullptr, [](T in, const Tensor& out, A, Gpu gpu) -> std::optional<jit::CudaLaunch> {
+        if (in[0].dtype() == out.dtype()) return jit::cuda_write_views_launch(in, std::span(&out, 1), out, false, "astype", gpu);
+        return jit::cuda_convert_launch(in[0].dtype(), out.dtype(), out.size(), gpu);
+      });
   def("flatten", 1, [](T in, A) { return flatten(in[0]); });
   def("broadcast_to", 1, [](T in, A a) {
     auto s = parse_tuple(find_attr(a, "shape", "broadcast_to"), "broadcast_to");

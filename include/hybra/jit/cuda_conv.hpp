@@ -256,6 +256,16 @@ inline CudaLaunch cuda_conv2d_launch(ConvPass pass, const Conv2dGeometry& g, boo
 inline std::string pool_entry(bool max, bool backward, DType t) {
   return hybra::detail::concat("hybra_", max ? "max" : "avg", backward ? "_pool2d_backward_" : "_pool2d_", name(t));
 }
+inline std::string disjoint_max_pool_backward_entry(DType t) {
+  return hybra::detail::concat("hybra_max_pool2d_backward_disjoint_", name(t));
+}
+
+// Whether no input element is in two windows (along each axis the stride is
+// at least the window, or there is one window): then a max pool's gradient
+// is a thread per window (kernels/pool.cuh).
+inline bool disjoint_windows(const Pool2dGeometry& g) {
+  return (g.sh >= g.KH || g.OH <= 1) && (g.sw >= g.KW || g.OW <= 1);
+}
 
 // The NVRTC program of pooling of one floating dtype: max and average,
 // forward (x, -, y) and backward (dy, x, dx), all with the parameters (a, b,
@@ -270,6 +280,10 @@ inline std::string cuda_pool_program(DType t) {
           "* a, const ", T, "* b, ", T, "* out, hybra::kernels::pool_geometry g, int count_include_pad) {\n  ",
           backward ? "hybra::kernels::pool2d_backward<" : "hybra::kernels::pool2d<", T, max ? ", true>" : ", false>",
           backward ? "(a, b, out, g, count_include_pad != 0);\n}\n" : "(a, out, g, count_include_pad != 0);\n}\n");
+  source += hybra::detail::concat("\nextern \"C\" __global__ void __launch_bounds__(256) ",
+                                  disjoint_max_pool_backward_entry(t), "(const ", T, "* a, const ", T, "* b, ", T,
+                                  "* out, hybra::kernels::pool_geometry g, int) {\n"
+                                  "  hybra::kernels::max_pool2d_backward_disjoint(a, b, out, g);\n}\n");
   return source;
 }
 
@@ -279,17 +293,22 @@ inline CudaLaunch cuda_pool2d_launch(bool max, bool backward, const Pool2dGeomet
                                      backend::cuda::Gpu& gpu) {
   const std::string& ptx = program_ptx(hybra::detail::concat("hybra_pool_", name(t)), gpu.arch(),
                                        [&] { return cuda_pool_program(t); });
-  const std::int64_t elements = backward ? g.N * g.C * g.H * g.W : g.N * g.C * g.OH * g.OW;
+  // A max pool's gradient over disjoint windows: zero dx, then a thread per window.
+  const bool per_window = max && backward && disjoint_windows(g);
+  const std::int64_t elements = backward && !per_window ? g.N * g.C * g.H * g.W : g.N * g.C * g.OH * g.OW;
+  const std::size_t dx_bytes = per_window ? static_cast<std::size_t>(g.N * g.C * g.H * g.W) * size_of(t) : 0;
   const ElementwiseGrid grid = grid_over(elements, gpu.info().multiprocessors);
-  return {0, [&ptx, g, count_include_pad, t, max, backward, elements, grid](
+  std::string entry = per_window ? disjoint_max_pool_backward_entry(t) : pool_entry(max, backward, t);
+  return {0, [&ptx, g, count_include_pad, backward, elements, dx_bytes, grid, entry = std::move(entry)](
                  backend::cuda::Gpu& gpu, std::span<const void* const> in, void* out, void*) {
+            if (dx_bytes) gpu.fill(reinterpret_cast<backend::cuda::CUdeviceptr>(out), 0, 1, dx_bytes);
             if (elements == 0) return;
             const void* a = in[0];
             const void* b = backward ? in[1] : nullptr;
             Pool2dGeometry geometry = g;
             int include_pad = count_include_pad ? 1 : 0;
             void* args[] = {&a, &b, &out, &geometry, &include_pad};
-            gpu.launch_grid(gpu.function(ptx, pool_entry(max, backward, t)), grid.blocks, grid.threads, args,
+            gpu.launch_grid(gpu.function(ptx, entry), grid.blocks, grid.threads, args,
                             backward ? "pool2d_backward" : "pool2d");
           }};
 }

@@ -22,6 +22,24 @@
 
 namespace hybra {
 
+namespace jit {
+
+// Converting `count` contiguous elements from one dtype to another on a GPU
+// (astype, a copy into another dtype): one kernel per pair of dtypes.
+inline CudaLaunch cuda_convert_launch(DType from, DType to, std::int64_t count, backend::cuda::Gpu& gpu) {
+  std::string kernel = cuda_convert_kernel_name(from, to);
+  const std::string& ptx = program_ptx(kernel, gpu.arch(), [&] { return cuda_program({cuda_convert_kernel(from, to)}); });
+  return {0, [&ptx, kernel = std::move(kernel), count](backend::cuda::Gpu& gpu, std::span<const void* const> in, void* out,
+                                                        void*) {
+            const void* source = in[0];
+            long long n = count;
+            void* args[] = {&source, &out, &n};
+            gpu.launch(gpu.function(ptx, kernel), n, args, "astype");
+          }};
+}
+
+}  // namespace jit
+
 namespace detail {
 
 // The kernels of one expression type, by dtype, GPU and layout (empty for
@@ -95,18 +113,8 @@ inline void push_fused_program_cuda(std::string_view name, CudaExpressionKernels
 }
 
 inline void push_convert_cuda(const Tensor& src, const Tensor& dst) {
-  std::string kernel = jit::cuda_convert_kernel_name(src.dtype(), dst.dtype());
-  const std::string& ptx = jit::program_ptx(kernel, backend::cuda::gpu(dst.device().id).arch(), [&] {
-    return jit::cuda_program({jit::cuda_convert_kernel(src.dtype(), dst.dtype())});
-  });
-  push_op_on(dst.device(), "astype", {src}, {dst}, [src, dst, &ptx, kernel = std::move(kernel)] {
-    backend::cuda::Gpu& g = backend::cuda::gpu(dst.device().id);
-    void* in = src.raw_data();
-    void* out = dst.raw_data();
-    long long n = dst.size();
-    void* args[] = {&in, &out, &n};
-    g.launch(g.function(ptx, kernel), n, args, "astype");
-  });
+  jit::push_cuda_launch("astype", {src}, dst,
+                        jit::cuda_convert_launch(src.dtype(), dst.dtype(), dst.size(), backend::cuda::gpu(dst.device().id)));
 }
 
 }  // namespace detail

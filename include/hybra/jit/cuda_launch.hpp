@@ -49,16 +49,16 @@ inline ElementwiseGrid grid_over(std::int64_t elements, int multiprocessors) {
 
 // The eager op: queues `launch` on out's GPU as one engine op reading
 // `inputs` (laid out as the launch was made for) and writing out, with
-// scratch memory of its own.
+// scratch memory of its own if it needs any.
 inline void push_cuda_launch(std::string_view op, const std::vector<Tensor>& inputs, const Tensor& out,
                              CudaLaunch launch) {
   const Device device = out.device();
-  const Tensor scratch({std::max<std::int64_t>(launch.scratch_bytes, 1)}, DType::uint8, device);
+  const Tensor scratch = launch.scratch_bytes ? Tensor({launch.scratch_bytes}, DType::uint8, device) : Tensor{};
   push_op_on(device, op, inputs, {out}, [inputs, out, scratch, run = std::move(launch.run)] {
     boost::container::small_vector<const void*, 4> in;
     for (const Tensor& t : inputs) in.push_back(t.raw_data());
     run(backend::cuda::gpu(out.device().id), std::span<const void* const>(in.data(), in.size()), out.raw_data(),
-        scratch.raw_data());
+        scratch.defined() ? scratch.raw_data() : nullptr);
   });
 }
 
