@@ -656,7 +656,7 @@ inline void Plan::State::write_outputs(const Outputs& outputs) const {
 // of the steps (or the graph replaying them) on the stream.
 inline void Plan::State::write_draws(Generator& gen) const {
   const std::uint64_t first = gen.advance(0);
-  std::vector<DrawParams> params(draw_slots);
+  boost::container::small_vector<DrawParams, 4> params(draw_slots);  // no allocation per call for a few dropouts
   for (const auto& step : steps)
     if (step.draw_slot >= 0)
       params[static_cast<std::size_t>(step.draw_slot)] = {first + step.draw_offset, gen.key()[0], gen.key()[1], 0, 0};
