@@ -40,19 +40,27 @@ leaf_list tensor_leaves(const E& e) {
 }
 
 // The broadcast shape of an expression; a mismatch names the op and shapes.
+// The shapes wait on a stack, each node replacing its children's with its
+// own, rather than being folded as values: moving a small_vector through
+// Hana's tuples trips GCC 12's -Wstringop-overread at -O1 and above, a false
+// report in every user's build.
 template <class E>
 Shape infer_shape(const E& e) {
-  auto leaf = [](const auto& v) {
-    if constexpr (is_tensor_v<decltype(v)>) return v.shape();
-    else return Shape{};
+  boost::container::small_vector<Shape, 4> stack;
+  auto leaf = [&](const auto& v) {
+    if constexpr (is_tensor_v<decltype(v)>) stack.push_back(v.shape());
+    else stack.emplace_back();
+    return 0;
   };
-  auto node = [](auto op, const auto&... shapes) {
-    Shape out;
-    bool first = true;
-    ((out = first ? shapes : broadcast_shapes(out, shapes, decltype(op)::name), first = false), ...);
-    return out;
+  auto node = [&](auto op, auto... children) {
+    const std::size_t first = stack.size() - sizeof...(children);
+    for (std::size_t k = first + 1; k < stack.size(); ++k)
+      stack[first] = broadcast_shapes(stack[first], stack[k], decltype(op)::name);
+    stack.resize(first + 1);
+    return 0;
   };
-  return fold(e, leaf, node);
+  fold(e, leaf, node);
+  return stack.front();
 }
 
 // Strides of `t` seen through broadcasting to `shape` (0 on broadcast axes).
