@@ -589,6 +589,27 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(joins.graphs_recorded() == 1);
   }
 
+  TEST_CASE("cuda fake: captured views gathered for ops that read contiguous operands, and integer chains fused: the plan replays") {
+    FakeDriver fake;
+    auto v = sym::var("v", Shape{4, 6}), label = sym::var("label", Shape{4}, DType::int64);
+    // softmax of every other column and a sum over a transpose: ops whose
+    // launches read contiguous operands, given views of the input; and an
+    // accuracy's integer comparison, a fused kernel in int64.
+    jit::Plan plan(graph::optimize(graph::trace(
+                       {softmax(slice(v, 1, 0, 6, 2), 1), sum(transpose(v), 1), sum((argmax(v, 1) == label) * 1)})),
+                   cuda(0), false, "gathered");
+    CHECK(plan.replays_graph());
+    const Tensor x = ones({4, 6}, DType::float32, cuda(0)), y = zeros({4}, DType::int64, cuda(0));
+    for (int call = 0; call < 3; ++call) {
+      const auto out = plan({x, y});
+      CHECK(out[0].shape() == Shape{4, 3});
+      CHECK(out[1].shape() == Shape{6});
+      CHECK(out[2].dtype() == DType::int64);
+    }
+    waitall();
+    CHECK(plan.graphs_recorded() == 1);
+  }
+
   TEST_CASE("cuda fake: random draws and dropout on a GPU are kernels there, drawing the CPU's counter blocks") {
     FakeDriver fake;
     const long uploads = fake.calls("cuMemcpyHtoDAsync");

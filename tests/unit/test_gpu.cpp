@@ -279,20 +279,23 @@ TEST_SUITE("gpu" * doctest::skip()) {
       }
   }
 
-  TEST_CASE("gpu: a captured graph's reductions, argmax and softmax, replayed as a CUDA graph, against the CPU") {
+  TEST_CASE("gpu: a captured graph's reductions, argmax and softmax (of views too), replayed as a CUDA graph, against the CPU") {
     if (!gpu_present()) return;
     seed(12);
     const Tensor x = random_normal({256, 10}, 0, 3), big = random_normal({1 << 20}, 0, 1);
-    auto X = sym::var("x", Shape{256, 10}), B = sym::var("b", Shape{1 << 20});
+    const Tensor label = argmax(x * -1, 1);
+    auto X = sym::var("x", Shape{256, 10}), B = sym::var("b", Shape{1 << 20}), L = sym::var("l", Shape{256}, DType::int64);
     const auto logits = X * 2 + 1;
     const auto g = graph::optimize(graph::trace(
-        {softmax(logits), log_softmax(logits, 0), argmax(logits, 1), sum(X, 0), mean(exp(X) * 0.5f), max(B), sum(B)}));
+        {softmax(logits), log_softmax(logits, 0), argmax(logits, 1), sum(X, 0), mean(exp(X) * 0.5f), max(B), sum(B),
+         softmax(slice(X, 1, 0, 10, 3)), sum(transpose(X), 1),  // views, gathered before their launches
+         sum((argmax(X, 1) == L) * 3 + 1) + sum(argmax(X, 0) != 4)}));  // integer chains: int64 kernels
     jit::Plan on_gpu(g, cuda(0), false, "gpu classifier"), on_cpu(g, cpu(), false, "cpu classifier");
     REQUIRE(on_gpu.replays_graph());
-    const auto want = on_cpu({x, big});
-    const Tensor gx = x.to(cuda(0)), gbig = big.to(cuda(0));
+    const auto want = on_cpu({x, big, label});
+    const Tensor gx = x.to(cuda(0)), gbig = big.to(cuda(0)), glabel = label.to(cuda(0));
     for (int call = 0; call < 3; ++call) {
-      const auto got = on_gpu({gx, gbig});
+      const auto got = on_gpu({gx, gbig, glabel});
       REQUIRE(got.size() == want.size());
       for (std::size_t k = 0; k < got.size(); ++k) {
         CAPTURE(k);

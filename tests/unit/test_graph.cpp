@@ -199,9 +199,20 @@ TEST_CASE("elementwise fusion: a chain becomes one fused node; shared values and
   Tensor want = graph::run(graph::trace({y}), in)[0];
   CHECK(max_rel_diff(graph::run(g, in)[0], want) == 0);
   CHECK(max_rel_diff(planned(g, in)[0], want) <= 1e-6);
-  // Integer nodes are not fused (the fused loop is for floats): they stay, and still compute.
-  auto i = sym::var("i", Shape{3}, DType::int32);
-  CHECK(count_op(graph::fuse_elementwise(graph::trace({(i + 1) * 2})), "fused") == 0);
+  // Integer chains fuse as well, computing in their dtype as the eager ops do
+  // (wrapping on overflow); an op that makes floats of integers stays out.
+  auto i = sym::var("i", Shape{6}, DType::int32), j = sym::var("j", Shape{6}, DType::int32);
+  Symbol counted = where(i * 3 + 1 == j, i * 1000000007, maximum(i, -j)) + 1;
+  Symbol ratio = exp(i * 2);
+  const auto ints = graph::trace({counted, ratio});
+  CHECK(count_op(graph::fuse_elementwise(ints), "fused") == 1);
+  std::unordered_map<std::string, Tensor> ij{{"i", array<std::int32_t>({-3, 0, 5, 2147, 7, 1})},
+                                             {"j", array<std::int32_t>({-8, 1, 16, 0, 0, 4})}};
+  const auto unfused = graph::run(ints, ij), fused = planned(graph::optimize(ints), ij);
+  CHECK(fused[0].dtype() == DType::int32);
+  CHECK(fused[0].to_vector<std::int32_t>() == unfused[0].to_vector<std::int32_t>());
+  CHECK(fused[1].dtype() == DType::float32);
+  CHECK(max_rel_diff(fused[1], unfused[1]) <= 1e-6);
 }
 
 TEST_CASE("matmul epilogue: bias-add and activation are fused into the product") {

@@ -177,10 +177,13 @@ inline Graph eliminate_common_subexpressions(const Graph& g) {
   return detail::rebuild(g, keep, replace);
 }
 
-// Whether a node can be part of a fused loop: an elementwise op on floats
-// whose operands all have its dtype (or are scalars, converted once).
+// Whether a node can be part of a fused loop: an elementwise op whose
+// operands all have its dtype (or are scalars, converted once), so that the
+// loop computes in one dtype, integers included (an accuracy's
+// argmax(y) == label); an op that makes floats of integers has operands of
+// another dtype, so it stays out.
 inline bool fusable(const Graph& g, const Node& n) {
-  if (!detail::is_elementwise(n) || !n.meta.shape || !n.meta.dtype || !is_floating(*n.meta.dtype)) return false;
+  if (!detail::is_elementwise(n) || !n.meta.shape || !n.meta.dtype) return false;
   for (int in : n.inputs) {
     const Node& src = g.nodes[static_cast<std::size_t>(in)];
     if (src.op != "scalar" && src.meta.dtype != n.meta.dtype) return false;

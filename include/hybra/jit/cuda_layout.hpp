@@ -126,6 +126,45 @@ inline std::optional<CudaLaunch> cuda_write_views_launch(std::span<const Tensor>
   return launch;
 }
 
+// `launch`, made for contiguous operands, run on `operands` laid out as
+// given (views among them): each view is first gathered into scratch memory
+// after the launch's own by the copy kernel, so that a plan step whose op
+// reads only contiguous operands (a softmax of a strided slice, say) is still
+// launches a CUDA graph replays. Not for a launch that draws (its scratch is
+// its draw parameters).
+inline CudaLaunch gather_views_first(CudaLaunch launch, std::span<const Tensor> operands, std::string_view op,
+                                     backend::cuda::Gpu& gpu) {
+  struct Gather {
+    std::size_t operand;
+    std::int64_t offset;  // bytes into the scratch memory
+    LayoutCopy copy;
+  };
+  constexpr std::int64_t align = Storage::alignment;
+  auto aligned = [&](std::int64_t bytes) { return (bytes + align - 1) / align * align; };
+  std::vector<Gather> gathers;
+  std::int64_t scratch_bytes = aligned(launch.scratch_bytes);
+  for (std::size_t k = 0; k < operands.size(); ++k) {
+    const Tensor& view = operands[k];
+    if (view.is_contiguous()) continue;
+    gathers.push_back({k, scratch_bytes, LayoutCopy(view, Tensor(view.shape(), view.dtype(), meta()), 0, op,
+                                                    gpu.info().multiprocessors)});
+    scratch_bytes += aligned(view.size() * static_cast<std::int64_t>(size_of(view.dtype())));
+  }
+  CudaLaunch gathered{scratch_bytes, [run = std::move(launch.run), gathers = std::move(gathers), &ptx = copy_ptx(gpu), op](
+                                         backend::cuda::Gpu& gpu, std::span<const void* const> in, void* out,
+                                         void* scratch) {
+    boost::container::small_vector<const void*, 4> dense(in.begin(), in.end());
+    for (const Gather& g : gathers) {
+      void* to = static_cast<char*>(scratch) + g.offset;
+      g.copy.run(gpu, ptx, in[g.operand], to, op);
+      dense[g.operand] = to;
+    }
+    run(gpu, std::span<const void* const>(dense.data(), dense.size()), out, scratch);
+  }};
+  gathered.reads_views = true;
+  return gathered;
+}
+
 }  // namespace hybra::jit
 
 namespace hybra::detail {

@@ -39,6 +39,7 @@
 #include "../backend/cuda/cublaslt.hpp"
 #include "../backend/cuda/graph.hpp"
 #include "cuda_launch.hpp"
+#include "cuda_layout.hpp"
 #include "cuda_random.hpp"
 #include "cuda_source.hpp"
 
@@ -246,15 +247,23 @@ inline hybra::detail::nn::Conv2dGeometry conv2d_geometry(const graph::Node& n, s
 }
 
 // A node's launches on a GPU (graph::OpDef::cuda_launch), where its op has
-// them for these operands: contiguous ones, or views where the launches
-// read views. (An operand's layout is the same at every call.)
+// them for these operands: views where the launches read views, else made
+// for contiguous operands, the views gathered first. (An operand's layout
+// is the same at every call.)
 inline std::optional<CudaLaunch> cuda_launch(const graph::Node& n, std::span<const Tensor> in, Device device) {
   const auto& def = graph::find_op(n.op);
   if (!def.cuda_launch) return std::nullopt;
-  auto launch = def.cuda_launch(in, Tensor(*n.meta.shape, *n.meta.dtype, meta()), n.attrs, backend::cuda::gpu(device.id));
-  for (const Tensor& t : in)
-    if (launch && !launch->reads_views && !t.is_contiguous()) return std::nullopt;
-  return launch;
+  backend::cuda::Gpu& gpu = backend::cuda::gpu(device.id);
+  const Tensor out(*n.meta.shape, *n.meta.dtype, meta());
+  auto launch = def.cuda_launch(in, out, n.attrs, gpu);
+  if (std::all_of(in.begin(), in.end(), [](const Tensor& t) { return t.is_contiguous(); }) ||
+      (launch && launch->reads_views))
+    return launch;
+  std::vector<Tensor> dense;
+  for (const Tensor& t : in) dense.push_back(t.is_contiguous() ? t : Tensor(t.shape(), t.dtype(), meta()));
+  launch = def.cuda_launch(dense, out, n.attrs, gpu);
+  if (!launch || launch->draw_blocks) return std::nullopt;
+  return gather_views_first(std::move(*launch), in, def.name, gpu);
 }
 
 // An elementwise body (every node fusable, one output) as a fused-loop
