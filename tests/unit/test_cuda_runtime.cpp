@@ -589,22 +589,28 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(joins.graphs_recorded() == 1);
   }
 
-  TEST_CASE("cuda fake: captured views gathered for ops that read contiguous operands, and integer chains fused: the plan replays") {
+  TEST_CASE("cuda fake: captured views gathered, integer chains fused, mixed dtypes converted first: the plan replays") {
     FakeDriver fake;
-    auto v = sym::var("v", Shape{4, 6}), label = sym::var("label", Shape{4}, DType::int64);
+    auto v = sym::var("v", Shape{4, 6}), label = sym::var("label", Shape{4}, DType::int64),
+         mask = sym::var("mask", Shape{6}, DType::uint8);
     // softmax of every other column and a sum over a transpose: ops whose
-    // launches read contiguous operands, given views of the input; and an
-    // accuracy's integer comparison, a fused kernel in int64.
-    jit::Plan plan(graph::optimize(graph::trace(
-                       {softmax(slice(v, 1, 0, 6, 2), 1), sum(transpose(v), 1), sum((argmax(v, 1) == label) * 1)})),
+    // launches read contiguous operands, given views of the input; an
+    // accuracy's integer comparison, a fused kernel in int64; a float times
+    // a uint8 mask, an astype launch and a float kernel; flatten of a
+    // transpose, a copy.
+    jit::Plan plan(graph::optimize(graph::trace({softmax(slice(v, 1, 0, 6, 2), 1), sum(transpose(v), 1),
+                                                 sum((argmax(v, 1) == label) * 1), v * mask, flatten(transpose(v))})),
                    cuda(0), false, "gathered");
     CHECK(plan.replays_graph());
-    const Tensor x = ones({4, 6}, DType::float32, cuda(0)), y = zeros({4}, DType::int64, cuda(0));
+    const Tensor x = ones({4, 6}, DType::float32, cuda(0)), y = zeros({4}, DType::int64, cuda(0)),
+                 keep = ones({6}, DType::uint8, cuda(0));
     for (int call = 0; call < 3; ++call) {
-      const auto out = plan({x, y});
+      const auto out = plan({x, y, keep});
       CHECK(out[0].shape() == Shape{4, 3});
       CHECK(out[1].shape() == Shape{6});
       CHECK(out[2].dtype() == DType::int64);
+      CHECK(out[3].dtype() == DType::float32);
+      CHECK(out[4].shape() == Shape{6, 4});  // a reshape of a view: a copy launch
     }
     waitall();
     CHECK(plan.graphs_recorded() == 1);

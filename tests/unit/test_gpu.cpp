@@ -289,7 +289,9 @@ TEST_SUITE("gpu" * doctest::skip()) {
     const auto g = graph::optimize(graph::trace(
         {softmax(logits), log_softmax(logits, 0), argmax(logits, 1), sum(X, 0), mean(exp(X) * 0.5f), max(B), sum(B),
          softmax(slice(X, 1, 0, 10, 3)), sum(transpose(X), 1),  // views, gathered before their launches
-         sum((argmax(X, 1) == L) * 3 + 1) + sum(argmax(X, 0) != 4)}));  // integer chains: int64 kernels
+         flatten(transpose(X)) * 2,  // a reshape of a view: a copy launch
+         sum((argmax(X, 1) == L) * 3 + 1) + sum(argmax(X, 0) != 4),  // integer chains: int64 kernels
+         where(sum(X, 1) > 1, L, L * 2) / 3}));  // mixed dtypes: the conversions launches, then a float32 kernel
     jit::Plan on_gpu(g, cuda(0), false, "gpu classifier"), on_cpu(g, cpu(), false, "cpu classifier");
     REQUIRE(on_gpu.replays_graph());
     const auto want = on_cpu({x, big, label});

@@ -215,6 +215,37 @@ TEST_CASE("elementwise fusion: a chain becomes one fused node; shared values and
   CHECK(max_rel_diff(fused[1], unfused[1]) <= 1e-6);
 }
 
+TEST_CASE("operand conversions become nodes of their own, so mixed-dtype nodes fuse and compute what the eager ops do") {
+  auto x = sym::var("x", Shape{2, 4}), m = sym::var("m", Shape{4}, DType::uint8), i = sym::var("i", Shape{2, 4}, DType::int32);
+  // A float times a uint8 mask, true division and exp of int32 (floats of
+  // integers), a float condition choosing int32 values (0.25 counts as
+  // true), and an int64 scalar that wraps to int32 on its way, as eagerly.
+  Symbol y = x * m + i / 2 + exp(i) * 0.5;
+  Symbol chosen = where(x, i, i * 3) + 7;
+  Symbol wrapped = i / 4294967297LL;
+  const auto g = graph::trace({y, chosen, wrapped});
+  const auto converted = graph::convert_operands(g);
+  CHECK(count_op(converted, "astype") == 5);  // m, the condition, and i for each of 3 nodes (merged later)
+  for (const auto& n : converted.nodes)
+    if (graph::detail::is_elementwise(n)) CHECK(graph::fusable(converted, n));
+  std::unordered_map<std::string, Tensor> in{{"x", array<float>({0.25f, 0, -1.5f, 2, 0, 3, 0.5f, -0.125f}, {2, 4})},
+                                             {"m", array<std::uint8_t>({1, 0, 1, 1})},
+                                             {"i", array<std::int32_t>({-7, 3, 0, 9, 2, -4, 5, 1}, {2, 4})}};
+  const auto want = graph::run(g, in), got = graph::run(converted, in);
+  const auto optimized = graph::optimize(g);
+  const auto fused = planned(optimized, in);
+  CHECK(count_op(optimized, "fused") >= 2);
+  CHECK(count_op(optimized, "astype") == 3);
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    CAPTURE(k);
+    CHECK(got[k].dtype() == want[k].dtype());
+    CHECK(fused[k].dtype() == want[k].dtype());
+    CHECK(got[k].to_vector<double>() == want[k].to_vector<double>());
+    CHECK(max_rel_diff(fused[k], want[k]) <= 1e-6);  // a fused loop may contract a * b + c
+  }
+  CHECK(want[1].to_vector<std::int32_t>() == std::vector<std::int32_t>{0, 16, 7, 16, 13, 3, 12, 8});
+}
+
 TEST_CASE("matmul epilogue: bias-add and activation are fused into the product") {
   auto x = sym::var("x", Shape{5, 6}), w = sym::var("w", Shape{6, 3}), b = sym::var("b", Shape{3});
   Symbol y = sigmoid(matmul(x, w) + b);

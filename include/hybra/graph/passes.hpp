@@ -191,6 +191,53 @@ inline bool fusable(const Graph& g, const Node& n) {
   return true;
 }
 
+// Gives an elementwise node whose operands have other dtypes than the one it
+// computes in the conversions the eager op makes, as nodes of their own: an
+// operand becomes astype(it), a where's condition first 1/0 in its own
+// dtype, and a scalar takes the operands' common dtype on its way, as the
+// eager op takes it. The node then computes in one dtype, so it fuses (and
+// on a GPU, the conversions are launches a CUDA graph replays).
+inline Graph convert_operands(const Graph& g) {
+  Graph out;
+  std::vector<int> index(g.nodes.size());
+  auto add = [&](Node n) {
+    out.nodes.push_back(std::move(n));
+    return static_cast<int>(out.nodes.size()) - 1;
+  };
+  auto scalar = [&](const Tensor& value) {
+    const std::string text = is_floating(value.dtype()) ? attr_text(value.item<double>()) : attr_text(value.item<std::int64_t>());
+    return add(Node{"scalar", {}, {{"value", text}}, {}, Meta{Shape{}, value.dtype(), true}, value, nullptr});
+  };
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    Node n = g.nodes[i];
+    for (int& in : n.inputs) in = index[static_cast<std::size_t>(in)];
+    if (detail::is_elementwise(n) && n.op != "fused" && n.meta.dtype && !fusable(out, n)) {
+      const OpDef& def = find_op(n.op);
+      std::vector<Meta> metas;
+      for (int in : n.inputs) metas.push_back(out.nodes[static_cast<std::size_t>(in)].meta);
+      const std::optional<DType> common = common_dtype(def, metas);
+      const DType compute = *n.meta.dtype;
+      for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+        const Node& src = out.nodes[static_cast<std::size_t>(n.inputs[k])];
+        if (src.op == "scalar") {
+          if (common && src.value.dtype() != *common) n.inputs[k] = scalar(src.value.astype(*common));
+          continue;
+        }
+        if (!src.meta.dtype || *src.meta.dtype == compute) continue;
+        int from = n.inputs[k];
+        const Meta meta = src.meta;
+        if (k == 0 && def.rule == op::DTypeRule::select)
+          from = add(Node{"not_equal", {}, {}, {from, scalar(zeros({}, *meta.dtype))}, meta, {}, nullptr});
+        n.inputs[k] = add(Node{"astype", {}, {{"dtype", std::string(name(compute))}}, {from},
+                               Meta{meta.shape, compute, false}, {}, nullptr});
+      }
+    }
+    index[i] = add(std::move(n));
+  }
+  for (int o : g.outputs) out.outputs.push_back(index[static_cast<std::size_t>(o)]);
+  return out;
+}
+
 // Chains of elementwise nodes become one "fused" node: a node joins its
 // consumer's group when that is its only use and it has the group's shape
 // (a smaller, broadcast operand stays outside and is read with stride 0).
@@ -250,7 +297,7 @@ inline Graph fuse_epilogues(const Graph& g) {
 
 // Every pass, in order.
 inline Graph optimize(const Graph& g) {
-  Graph out = fold_constants(g);
+  Graph out = fold_constants(convert_operands(g));
   out = eliminate_common_subexpressions(out);
   out = eliminate_dead_code(out);
   out = fuse_elementwise(out);

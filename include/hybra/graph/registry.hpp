@@ -144,10 +144,18 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
         return hybra::detail::softmax::cuda_softmax_launch<true>(in[0], int_attr(a, "axis", "log_softmax"),
                                                                  "log_softmax", gpu);
       });
+  // A reshape of a contiguous operand is a view of it, which needs no
+  // launch; of any other, a copy into the result in the operand's order.
+  static constexpr auto copy_unless_view = [](T in, const Tensor& out, std::string_view op,
+                                              Gpu gpu) -> std::optional<jit::CudaLaunch> {
+    if (in[0].is_contiguous()) return std::nullopt;
+    const Tensor whole(in[0].shape(), out.dtype(), meta());
+    return jit::cuda_write_views_launch(in, std::span(&whole, 1), whole, false, op, gpu);
+  };
   def("reshape", 1, [](T in, A a) {
     auto s = parse_tuple(find_attr(a, "shape", "reshape"), "reshape");
     return reshape(in[0], Shape(s.begin(), s.end()));
-  });
+  }, nullptr, [](T in, const Tensor& out, A, Gpu gpu) { return copy_unless_view(in, out, "reshape", gpu); });
   def("transpose", 1, [](T in, A a) {
     auto axes = axes_attr(a, "transpose");
     return axes ? transpose(in[0], *axes) : transpose(in[0]);
@@ -166,7 +174,8 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
         if (in[0].dtype() == out.dtype()) return jit::cuda_write_views_launch(in, std::span(&out, 1), out, false, "astype", gpu);
         return jit::cuda_convert_launch(in[0].dtype(), out.dtype(), out.size(), gpu);
       });
-  def("flatten", 1, [](T in, A) { return flatten(in[0]); });
+  def("flatten", 1, [](T in, A) { return flatten(in[0]); }, nullptr,
+      [](T in, const Tensor& out, A, Gpu gpu) { return copy_unless_view(in, out, "flatten", gpu); });
   def("broadcast_to", 1, [](T in, A a) {
     auto s = parse_tuple(find_attr(a, "shape", "broadcast_to"), "broadcast_to");
     return broadcast_to(in[0], Shape(s.begin(), s.end()));
