@@ -47,9 +47,9 @@ Tensor detail::full_on_gpu(const Shape& shape, V value, DType dtype, Device devi
     std::memcpy(words, &v, sizeof(T));
     if (sizeof(T) == 8 && words[0] != words[1]) return full(shape, value, dtype, cpu()).to(device);
     Tensor t(shape, dtype, device);
-    const int width = sizeof(T) == 1 ? 1 : 4;
+    constexpr int width = sizeof(T) == 1 ? 1 : 4;
     const auto count = static_cast<std::size_t>(t.size()) * sizeof(T) / static_cast<std::size_t>(width);
-    push_op_on(device, "full", {}, {t}, [t, pattern = words[0], width, count] {
+    push_op_on(device, "full", {}, {t}, [t, pattern = words[0], count] {
       backend::cuda::gpu(t.device().id)
           .fill(reinterpret_cast<backend::cuda::CUdeviceptr>(t.raw_data()), pattern, width, count);
     });

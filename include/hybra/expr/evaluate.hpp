@@ -63,11 +63,15 @@ Shape infer_shape(const E& e) {
   return stack.front();
 }
 
-// Strides of `t` seen through broadcasting to `shape` (0 on broadcast axes).
-inline Strides broadcast_strides(const Tensor& t, const Shape& shape) {
-  Strides s(shape.size(), 0);
+// Strides of `t` seen through broadcasting to `shape` (0 on broadcast axes),
+// written into `s` (zeros, of shape's rank), or returned.
+inline void broadcast_strides(const Tensor& t, const Shape& shape, Strides& s) {
   auto lead = shape.size() - t.shape().size();
   for (std::size_t i = 0; i < t.shape().size(); ++i) s[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+}
+inline Strides broadcast_strides(const Tensor& t, const Shape& shape) {
+  Strides s(shape.size(), 0);
+  broadcast_strides(t, shape, s);
   return s;
 }
 
@@ -86,12 +90,8 @@ struct strided_plan {
     const auto& shape = out.shape();
     const std::size_t nl = leaves.size();
     boost::container::small_vector<Strides, 9> full;
-    // GCC 12 at -O3 warns that moving a small_vector may read past its inline
-    // buffer (-Wstringop-overread): a false positive on a path it cannot rule out.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstringop-overread"
-    for (auto* t : leaves) full.push_back(broadcast_strides(*t, shape));
-#pragma GCC diagnostic pop
+    // Built in place: moving a Strides in trips GCC 12's -Wstringop-overread.
+    for (auto* t : leaves) broadcast_strides(*t, shape, full.emplace_back(shape.size(), 0));
     full.push_back(out.strides());
     for (std::size_t d = 0; d < shape.size(); ++d) {
       if (shape[d] == 1) continue;

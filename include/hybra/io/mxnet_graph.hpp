@@ -131,7 +131,7 @@ struct Written {
   Attrs attrs;
   std::vector<std::size_t> inputs;  // positions in the hybra node's inputs
   std::int64_t outputs = 1;
-  std::vector<std::size_t> aux;  // positions of inputs that are auxiliary states
+  std::vector<std::size_t> aux{};  // positions of inputs that are auxiliary states
 };
 
 // One op of both directions.

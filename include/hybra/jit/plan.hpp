@@ -117,16 +117,16 @@ class Plan {
   struct Step {
     Kind kind;
     int node;
-    std::unique_ptr<backend::cpu::FusedLoop> loop;  // fused: the loop; product and eager: the epilogue, if any
-    std::vector<int> loop_inputs;     // the nodes the loop reads, in order (-1: this node's own result)
-    std::optional<hybra::detail::nn::Conv2dGeometry> conv;  // a conv2d product: its sizes
+    std::unique_ptr<backend::cpu::FusedLoop> loop{};  // fused: the loop; product and eager: the epilogue, if any
+    std::vector<int> loop_inputs{};     // the nodes the loop reads, in order (-1: this node's own result)
+    std::optional<hybra::detail::nn::Conv2dGeometry> conv{};  // a conv2d product: its sizes
     bool view = false;                // an eager step whose value is a view of an input (no work)
     // On a GPU: the loop's kernel (its name until the plan's program is
     // loaded), and a product's GEMM, whose epilogue may have taken the loop's.
-    std::string kernel_name;
+    std::string kernel_name{};
     backend::cuda::CUfunction kernel = nullptr;
     const backend::cuda::DenseMatmul* matmul = nullptr;
-    std::optional<CudaLaunch> launch;  // a launch step's: the op's launches
+    std::optional<CudaLaunch> launch{};  // a launch step's: the op's launches
     // A launch step that draws: the first of the call's counter blocks it
     // takes, and its slot in State::draws.
     std::uint64_t draw_offset = 0;

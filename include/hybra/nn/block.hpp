@@ -371,7 +371,7 @@ class HybridBase : public Block {
     std::vector<std::pair<Parameter, double>> updates;  // target and momentum, per extra output
     jit::Plan plan;
     std::vector<Source> sources;  // per graph var
-    std::map<std::vector<bool>, std::shared_ptr<const Training>> training_plans;
+    std::map<std::vector<bool>, std::shared_ptr<const Training>> training_plans{};
 
     bool matches(std::span<const Tensor> in, bool mode) const {
       if (in.size() != shapes.size() || mode != training || in.front().device() != device) return false;
