@@ -1,6 +1,8 @@
 // Computes a fused expression through the public header and checks the values;
-// and, where NVRTC is, compiles a GPU reduction from the device code
-// (kernels/) the package ships, found where it was installed.
+// with GCC (CMakeLists.txt), trains a small hybridized network a few steps, so
+// the build compiles what a training program compiles (autograd's rules, the
+// optimizers); and, where NVRTC is, compiles a GPU reduction from the device
+// code (kernels/) the package ships, found where it was installed.
 #include <hybra/hybra.hpp>
 
 #include <cmath>
@@ -20,6 +22,33 @@ int main() {
   std::printf("relu(a * b + 2) = [");
   for (std::size_t i = 0; i < got.size(); ++i) std::printf(i ? ", %g" : "%g", static_cast<double>(got[i]));
   std::printf("]: %s\n", ok ? "PASS" : "FAIL (expected [0, 6, 3, 8])");
+
+#ifdef HYBRA_CONSUMER_TRAINS
+  namespace nn = hybra::nn;
+  hybra::seed(1);
+  nn::HybridSequential net;
+  net.add(nn::Dense(8, "relu"), nn::Dense(3));
+  net.initialize(nn::init::Xavier());
+  net.hybridize();
+  hybra::Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}});
+  const nn::SoftmaxCrossEntropyLoss loss_fn;
+  const hybra::Tensor x = hybra::random_normal({32, 4});
+  const hybra::Tensor y = hybra::random_uniform({32}, 0, 3).astype(hybra::DType::int32);
+  double first = 0, last = 0;
+  for (int step = 0; step < 20; ++step) {
+    hybra::Tensor loss;
+    {
+      hybra::autograd::record rec;
+      loss = loss_fn(net(x), y);
+    }
+    loss.backward();
+    trainer.step(32);
+    (step == 0 ? first : last) = hybra::mean(loss).item<double>();
+  }
+  const bool trained = last < first;
+  std::printf("training: loss %.4f -> %.4f: %s\n", first, last, trained ? "PASS" : "FAIL");
+  ok = ok && trained;
+#endif
 
   std::printf("device code in %s", hybra::jit::kernels_parent_dir().c_str());
   if (hybra::backend::cuda::nvrtc().loaded()) {

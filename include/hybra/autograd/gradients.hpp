@@ -156,7 +156,13 @@ HYBRA_SEPARABLE const std::unordered_map<std::string_view, GradRule>& rules() {
          Symbol a = row ? reshape(c.in[0], {1, c.shape(0)[0]}) : c.in[0];
          Symbol b = col ? reshape(c.in[1], {c.shape(1)[0], 1}) : c.in[1];
          Shape out = c.out.shape();
-         if (row) out.insert(out.end() - (col ? 0 : 1), 1);
+         if (row) {
+           // out[..., n] -> out[..., 1, n], as a push and a swap: GCC 12 (-O3)
+           // cannot see that an insert before end() - 1 has an element to move,
+           // and warns (-Wstringop-overflow) in every program that trains.
+           out.push_back(1);
+           if (!col) std::swap(out[out.size() - 1], out[out.size() - 2]);
+         }
          if (col) out.push_back(1);
          Symbol g = reshape(c.dy, out);
          V r(2);

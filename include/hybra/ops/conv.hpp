@@ -158,12 +158,21 @@ inline void product_tile(const Product<T>& p, std::int64_t i, std::int64_t j) {
   // `x - V{}` is x in every lane: a bare broadcast (V{} + x would not be,
   // as -0 + 0 is +0, so the compiler would have to add).
   V acc[Rows][Vectors];
+  // GCC 12 at -O3 takes the broadcast below for a read of the uninitialised
+  // acc (-Wmaybe-uninitialized, in every program that trains a convolution).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC unroll 16
   for (int r = 0; r < Rows; ++r) {
     const T init = p.bias ? p.bias[i + r] : T(0);
 #pragma GCC unroll 8
     for (int v = 0; v < Vectors; ++v) acc[r][v] = init - V{};
   }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
   const T* a = p.a + i * p.lda;
   for (std::int64_t k = 0; k < p.K; ++k) {
     const T* b = p.b + p.b_rows[k] + j;
@@ -517,7 +526,9 @@ struct PoolBlock {
       load(b, p + lanes);
       v = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
     } else {
-      for (std::int64_t l = 0; l < lanes; ++l) v[l] = p[l * stride];
+      V gathered{};  // set lane by lane: a start from v would read it uninitialised
+      for (std::int64_t l = 0; l < lanes; ++l) gathered[l] = p[l * stride];
+      v = gathered;
     }
   }
   template <bool Max>
