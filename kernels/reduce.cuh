@@ -115,8 +115,20 @@ __device__ void reduce_rows(const In* x, Out* out, long long O, long long R, lon
     const long long o = b / pieces, r0 = (b % pieces) * len, r1 = r0 + len < R ? r0 + len : R;
     const unsigned active = r1 - r0 < blockDim.x ? static_cast<unsigned>(r1 - r0) : blockDim.x;
     if (t < active) {
+      // Four loads in flight per thread before their combine (a memory-bound
+      // pass needs them); combines commute, so the order changes no result
+      // but a sum's rounding.
+      const long long step = blockDim.x;
       typename P::acc a = load_at<P, FromAcc>(x, o * R + r0 + t, r0 + t);
-      for (long long r = r0 + t + blockDim.x; r < r1; r += blockDim.x) a = P::combine(a, load_at<P, FromAcc>(x, o * R + r, r));
+      long long r = r0 + t + step;
+      for (; r + 3 * step < r1; r += 4 * step) {
+        const typename P::acc a0 = load_at<P, FromAcc>(x, o * R + r, r);
+        const typename P::acc a1 = load_at<P, FromAcc>(x, o * R + r + step, r + step);
+        const typename P::acc a2 = load_at<P, FromAcc>(x, o * R + r + 2 * step, r + 2 * step);
+        const typename P::acc a3 = load_at<P, FromAcc>(x, o * R + r + 3 * step, r + 3 * step);
+        a = P::combine(a, P::combine(P::combine(a0, a1), P::combine(a2, a3)));
+      }
+      for (; r < r1; r += step) a = P::combine(a, load_at<P, FromAcc>(x, o * R + r, r));
       buf[t] = a;
     }
     __syncthreads();

@@ -4,17 +4,25 @@
 // column-major as cuBLAS does, queued on the stream through the stand-in
 // driver (so a captured graph replays them), so the tests check that hybra
 // hands row-major products, transposed views, batches and cuBLASLt's
-// epilogues to cuBLAS right.
+// epilogues to cuBLAS right. It also refuses, as the real libraries may fail
+// or compute wrongly, what their documentation rules out: a GEMM captured
+// into a CUDA graph by a handle with no workspace of the caller's
+// (cublasSetWorkspace), and a cuBLASLt matmul whose pointers are less
+// aligned than the heuristic was promised (its MIN_ALIGNMENT preferences,
+// default 256 bytes, and the bias pointer it saw).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 
 void hybra_fake_cuda_on_stream(void* stream, std::function<void()> work);
+extern "C" bool hybra_fake_cuda_capturing(void* stream);
 
 namespace {
 
-constexpr int success = 0, invalid_value = 7;
+constexpr int success = 0, invalid_value = 7, not_supported = 15;
 
 template <class T>
 void gemm(int transa, int transb, int m, int n, int k, T alpha, const T* a, int lda, const T* b, int ldb, T beta, T* c,
@@ -30,17 +38,27 @@ void gemm(int transa, int transb, int m, int n, int k, T alpha, const T* a, int 
     }
 }
 
-std::atomic<long> gemms{0}, lt_matmuls{0};
+std::atomic<long> gemms{0}, lt_matmuls{0}, misaligned{0};
+// What cuBLAS's own exit handlers stand for: once they ran, a GEMM asked for
+// is a use of a library that tore itself down, which a program must not do.
+std::atomic<bool> torn_down{false};
 std::atomic<int> math_mode{0}, last_compute{0};  // of the latest cublasSetMathMode and cublasLtMatmul
 
 struct Handle {
   void* stream = nullptr;
+  void* workspace = nullptr;  // the caller's (cublasSetWorkspace); cublasSetStream resets it, as cuBLAS does
 };
 
 template <class T>
 int queue_gemm(void* handle, int transa, int transb, int m, int n, int k, const T* alpha, const T* a, int lda,
                const T* b, int ldb, const T* beta, T* c, int ldc) {
   if (m < 0 || n < 0 || k < 0 || ldc < m) return invalid_value;
+  if (torn_down) {
+    std::fprintf(stderr, "fake cuBLAS: a GEMM was asked for after cuBLAS's exit handlers ran\n");
+    std::abort();
+  }
+  const Handle& h = *static_cast<Handle*>(handle);
+  if (!h.workspace && hybra_fake_cuda_capturing(h.stream)) return not_supported;
   ++gemms;
   hybra_fake_cuda_on_stream(static_cast<Handle*>(handle)->stream,
                             [=, alpha = *alpha, beta = *beta] { gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
@@ -61,6 +79,14 @@ struct Layout {
 struct Algo {
   std::uint64_t data[8];
 };
+struct Preference {
+  std::uint32_t alignment[4] = {256, 256, 256, 256};  // A, B, C, D: cuBLASLt's defaults
+};
+// The largest power of two up to 256 that p is a multiple of (256 for null).
+std::uint64_t alignment_of(const void* p) {
+  const auto v = reinterpret_cast<std::uintptr_t>(p);
+  return v == 0 ? 256 : std::min<std::uint64_t>(256, v & (~v + 1));
+}
 struct HeuristicResult {
   Algo algo;
   std::size_t workspace;
@@ -91,6 +117,7 @@ void lt_matmul(const MatmulDesc& d, const Layout& la, const Layout& lb, const La
 extern "C" {
 int cublasCreate_v2(void** handle) {
   *handle = new Handle;
+  std::atexit([] { torn_down = true; });
   return success;
 }
 int cublasSetMathMode(void*, int mode) {
@@ -99,6 +126,12 @@ int cublasSetMathMode(void*, int mode) {
 }
 int cublasSetStream_v2(void* handle, void* stream) {
   static_cast<Handle*>(handle)->stream = stream;
+  static_cast<Handle*>(handle)->workspace = nullptr;
+  return success;
+}
+int cublasSetWorkspace_v2(void* handle, void* workspace, std::size_t bytes) {
+  if (!workspace || bytes == 0 || reinterpret_cast<std::uintptr_t>(workspace) % 256) return invalid_value;
+  static_cast<Handle*>(handle)->workspace = workspace;
   return success;
 }
 int cublasSgemm_v2(void* h, int transa, int transb, int m, int n, int k, const float* alpha, const float* a, int lda,
@@ -109,8 +142,13 @@ int cublasDgemm_v2(void* h, int transa, int transb, int m, int n, int k, const d
                    const double* b, int ldb, const double* beta, double* c, int ldc) {
   return queue_gemm(h, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
-const char* cublasGetStatusName(int s) { return s == success ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_INVALID_VALUE"; }
-const char* cublasGetStatusString(int s) { return s == success ? "success" : "an invalid numeric value was used as an argument"; }
+const char* cublasGetStatusName(int s) {
+  return s == success ? "CUBLAS_STATUS_SUCCESS" : s == not_supported ? "CUBLAS_STATUS_NOT_SUPPORTED" : "CUBLAS_STATUS_INVALID_VALUE";
+}
+const char* cublasGetStatusString(int s) {
+  return s == success ? "success" : s == not_supported ? "the functionality requested is not supported"
+                                                       : "an invalid numeric value was used as an argument";
+}
 
 int cublasLtCreate(void** handle) {
   *handle = new Handle;
@@ -144,25 +182,46 @@ int cublasLtMatrixLayoutDestroy(void* layout) {
   return success;
 }
 int cublasLtMatmulPreferenceCreate(void** preference) {
-  static int the_preference;
-  *preference = &the_preference;
+  *preference = new Preference;
   return success;
 }
-int cublasLtMatmulPreferenceDestroy(void*) { return success; }
-int cublasLtMatmulPreferenceSetAttribute(void*, int attribute, const void*, std::size_t bytes) {
-  return attribute == 1 && bytes == 8 ? success : invalid_value;
+int cublasLtMatmulPreferenceDestroy(void* preference) {
+  delete static_cast<Preference*>(preference);
+  return success;
 }
-int cublasLtMatmulAlgoGetHeuristic(void*, void*, void*, void*, void*, void*, void*, int requested,
+int cublasLtMatmulPreferenceSetAttribute(void* preference, int attribute, const void* value, std::size_t bytes) {
+  auto& p = *static_cast<Preference*>(preference);
+  if (attribute == 1 && bytes == 8) return success;  // MAX_WORKSPACE_BYTES
+  if (attribute >= 5 && attribute <= 8 && bytes == 4) {  // MIN_ALIGNMENT_{A,B,C,D}_BYTES
+    p.alignment[attribute - 5] = *static_cast<const std::uint32_t*>(value);
+    return success;
+  }
+  return invalid_value;
+}
+// The algorithm it picks needs the alignments it was promised: the
+// preferences' for A, B, C and D, and the bias pointer's as the descriptor
+// held it (a null one promises nothing less than 256).
+int cublasLtMatmulAlgoGetHeuristic(void*, void* desc, void*, void*, void*, void*, void* preference, int requested,
                                    HeuristicResult* results, int* found) {
   if (requested < 1) return invalid_value;
+  const auto& p = *static_cast<Preference*>(preference);
   results[0] = HeuristicResult{};
+  for (int i = 0; i < 4; ++i) results[0].algo.data[i] = p.alignment[i];
+  results[0].algo.data[4] = alignment_of(static_cast<MatmulDesc*>(desc)->bias);
   *found = 1;
   return success;
 }
 int cublasLtMatmul(void* handle, void* desc, const void* alpha, const void* a, void* a_layout, const void* b,
-                   void* b_layout, const void* beta, const void* c, void*, void* d, void* d_layout, const void*,
+                   void* b_layout, const void* beta, const void* c, void*, void* d, void* d_layout, const void* algo,
                    void*, std::size_t, void* stream) {
   const auto& md = *static_cast<MatmulDesc*>(desc);
+  const auto* promised = static_cast<const Algo*>(algo)->data;
+  const void* pointers[] = {a, b, c, d, md.bias};
+  for (int i = 0; i < 5; ++i)
+    if (alignment_of(pointers[i]) < promised[i]) {
+      ++misaligned;
+      return not_supported;
+    }
   const auto &la = *static_cast<Layout*>(a_layout), &lb = *static_cast<Layout*>(b_layout),
              &ld = *static_cast<Layout*>(d_layout);
   if (c != d || ((md.epilogue & epilogue_bias) && !md.bias)) return invalid_value;
@@ -188,6 +247,7 @@ const char* cublasLtGetStatusString(int s) { return cublasGetStatusString(s); }
 // Test hooks.
 long hybra_fake_cublas_gemms() { return gemms.load(); }
 long hybra_fake_cublas_lt_matmuls() { return lt_matmuls.load(); }
+long hybra_fake_cublas_misaligned() { return misaligned.load(); }
 int hybra_fake_cublas_math_mode() { return math_mode.load(); }
 int hybra_fake_cublas_last_compute() { return last_compute.load(); }
 }

@@ -31,7 +31,7 @@ namespace {
 
 using CUresult = int;
 constexpr CUresult success = 0, invalid_value = 1, out_of_memory = 2, not_initialized = 3, invalid_device = 101,
-                   invalid_ptx = 218, not_found = 500, illegal_address = 700;
+                   invalid_context = 201, invalid_ptx = 218, not_found = 500, illegal_address = 700;
 constexpr int gpus = 2;
 
 struct Module {
@@ -39,6 +39,7 @@ struct Module {
 };
 struct Function {
   std::string name;
+  std::vector<std::size_t> params;  // their sizes in bytes, as the PTX declares them
 };
 
 struct State {
@@ -52,6 +53,7 @@ struct State {
   std::deque<Module> modules;  // what the handles point at, kept for the process, as the driver keeps them
   std::deque<Function> functions;
   std::string last_launch;
+  std::vector<std::vector<unsigned char>> last_launch_params;  // copied at the call, as the driver copies them
   std::map<void*, std::vector<std::function<void()>>> capturing;  // stream -> what it recorded so far
 };
 
@@ -137,6 +139,24 @@ struct Event {
   }
 };
 
+// The sizes of entry `name`'s parameters, from its declaration in the PTX:
+// ".param .u64 x", ".param .f32 x", ".param .align 8 .b8 x[24]".
+std::vector<std::size_t> param_sizes(const std::string& ptx, const std::string& name) {
+  const auto start = ptx.find(".entry " + name + "(");
+  const std::string declaration = ptx.substr(start, ptx.find(')', start) - start);
+  std::vector<std::size_t> sizes;
+  for (auto at = declaration.find(".param"); at != std::string::npos; at = declaration.find(".param", at + 1)) {
+    const std::string param = declaration.substr(at, declaration.find_first_of(",\n", at) - at);
+    if (const auto bracket = param.find('['); bracket != std::string::npos) {
+      sizes.push_back(std::strtoull(param.c_str() + bracket + 1, nullptr, 10));
+    } else {
+      const auto type = param.find_first_of("usfb", param.find(" .") + 2);
+      sizes.push_back(std::strtoull(param.c_str() + type + 1, nullptr, 10) / 8);
+    }
+  }
+  return sizes;
+}
+
 // Queues work on the stream, or records it when the stream is being captured.
 void on_stream(void* stream, std::function<void()> work) {
   {
@@ -158,6 +178,18 @@ CUresult sync_result(const char* call) {
   CUresult r = s.next_sync_error;
   s.next_sync_error = success;
   return r;
+}
+
+// The driver's calls on memory, streams, events, modules and graphs work in
+// the calling thread's current context, and fail without one: so do these,
+// so that a thread of hybra's that never bound its GPU is found here, not on
+// a GPU. Each such refusal is counted as "no context: CALL".
+CUresult needs_context(const char* call) {
+  if (current >= 0) return success;
+  std::lock_guard g(state().mutex);
+  ++state().calls[std::string("no context: ") + call];
+  std::fprintf(stderr, "fake CUDA driver: %s called by a thread with no current context\n", call);
+  return invalid_context;
 }
 
 }  // namespace
@@ -183,6 +215,7 @@ CUresult cuGetErrorName(CUresult r, const char** name) {
     case out_of_memory: *name = "CUDA_ERROR_OUT_OF_MEMORY"; return success;
     case not_initialized: *name = "CUDA_ERROR_NOT_INITIALIZED"; return success;
     case invalid_device: *name = "CUDA_ERROR_INVALID_DEVICE"; return success;
+    case invalid_context: *name = "CUDA_ERROR_INVALID_CONTEXT"; return success;
     case invalid_ptx: *name = "CUDA_ERROR_INVALID_PTX"; return success;
     case not_found: *name = "CUDA_ERROR_NOT_FOUND"; return success;
     case illegal_address: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; return success;
@@ -230,15 +263,15 @@ CUresult cuCtxSetCurrent(void* context) {
   current = gpu_of(context);
   return success;
 }
-CUresult cuCtxEnablePeerAccess(void*, unsigned) { return success; }
+CUresult cuCtxEnablePeerAccess(void*, unsigned) { return needs_context("cuCtxEnablePeerAccess"); }
 
 CUresult cuMemAlloc_v2(unsigned long long* p, std::size_t bytes) {
+  if (const CUresult r = needs_context("cuMemAlloc"); r != success) return r;
   State& s = state();
   std::lock_guard g(s.mutex);
   ++s.calls["cuMemAlloc"];
-  if (current < 0) return invalid_value;
   if (bytes > s.capacity - s.used[current]) return out_of_memory;
-  void* block = std::malloc(bytes);
+  void* block = std::aligned_alloc(256, (bytes + 255) / 256 * 256);  // the driver's alignment, at least
   if (!block) return out_of_memory;
   *p = reinterpret_cast<unsigned long long>(block);
   s.used[current] += bytes;
@@ -246,6 +279,7 @@ CUresult cuMemAlloc_v2(unsigned long long* p, std::size_t bytes) {
   return success;
 }
 CUresult cuMemFree_v2(unsigned long long p) {
+  if (const CUresult r = needs_context("cuMemFree"); r != success) return r;
   State& s = state();
   std::lock_guard g(s.mutex);
   ++s.calls["cuMemFree"];
@@ -257,47 +291,56 @@ CUresult cuMemFree_v2(unsigned long long p) {
   return success;
 }
 CUresult cuMemGetInfo_v2(std::size_t* free, std::size_t* total) {
+  if (const CUresult r = needs_context("cuMemGetInfo"); r != success) return r;
   State& s = state();
   std::lock_guard g(s.mutex);
   *total = s.capacity;
-  *free = s.capacity - s.used[current < 0 ? 0 : current];
+  *free = s.capacity - s.used[current];
   return success;
 }
 CUresult cuMemHostAlloc(void** p, std::size_t bytes, unsigned) {
+  if (const CUresult r = needs_context("cuMemHostAlloc"); r != success) return r;
   count("cuMemHostAlloc");
   *p = std::malloc(bytes);
   return *p ? success : out_of_memory;
 }
 CUresult cuMemFreeHost(void* p) {
+  if (const CUresult r = needs_context("cuMemFreeHost"); r != success) return r;
   std::free(p);
   return success;
 }
 CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, std::size_t bytes, void* stream) {
+  if (const CUresult r = needs_context("cuMemcpyHtoDAsync"); r != success) return r;
   count("cuMemcpyHtoDAsync");
   on_stream(stream, [=] { std::memcpy(reinterpret_cast<void*>(dst), src, bytes); });
   return success;
 }
 CUresult cuMemcpyDtoHAsync_v2(void* dst, unsigned long long src, std::size_t bytes, void* stream) {
+  if (const CUresult r = needs_context("cuMemcpyDtoHAsync"); r != success) return r;
   count("cuMemcpyDtoHAsync");
   on_stream(stream, [=] { std::memcpy(dst, reinterpret_cast<const void*>(src), bytes); });
   return success;
 }
 CUresult cuMemcpyDtoDAsync_v2(unsigned long long dst, unsigned long long src, std::size_t bytes, void* stream) {
+  if (const CUresult r = needs_context("cuMemcpyDtoDAsync"); r != success) return r;
   count("cuMemcpyDtoDAsync");
   on_stream(stream, [=] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes); });
   return success;
 }
 CUresult cuMemcpyPeerAsync(unsigned long long dst, void*, unsigned long long src, void*, std::size_t bytes,
                            void* stream) {
+  if (const CUresult r = needs_context("cuMemcpyPeerAsync"); r != success) return r;
   count("cuMemcpyPeerAsync");
   on_stream(stream, [=] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes); });
   return success;
 }
 CUresult cuMemsetD8Async(unsigned long long dst, unsigned char value, std::size_t count, void* stream) {
+  if (const CUresult r = needs_context("cuMemsetD8Async"); r != success) return r;
   on_stream(stream, [=] { std::memset(reinterpret_cast<void*>(dst), value, count); });
   return success;
 }
 CUresult cuMemsetD32Async(unsigned long long dst, unsigned value, std::size_t count, void* stream) {
+  if (const CUresult r = needs_context("cuMemsetD32Async"); r != success) return r;
   on_stream(stream, [=] {
     auto* p = reinterpret_cast<unsigned*>(dst);
     for (std::size_t i = 0; i < count; ++i) p[i] = value;
@@ -305,18 +348,22 @@ CUresult cuMemsetD32Async(unsigned long long dst, unsigned value, std::size_t co
   return success;
 }
 CUresult cuStreamCreate(void** stream, unsigned) {
+  if (const CUresult r = needs_context("cuStreamCreate"); r != success) return r;
   *stream = new Stream;
   return success;
 }
 CUresult cuStreamSynchronize(void* stream) {
+  if (const CUresult r = needs_context("cuStreamSynchronize"); r != success) return r;
   static_cast<Stream*>(stream)->drain();
   return sync_result("cuStreamSynchronize");
 }
 CUresult cuEventCreate(void** event, unsigned) {
+  if (const CUresult r = needs_context("cuEventCreate"); r != success) return r;
   *event = new Event;
   return success;
 }
 CUresult cuEventRecord(void* event, void* stream) {
+  if (const CUresult r = needs_context("cuEventRecord"); r != success) return r;
   auto* e = static_cast<Event*>(event);
   std::uint64_t record;
   {
@@ -331,6 +378,7 @@ CUresult cuEventRecord(void* event, void* stream) {
   return success;
 }
 CUresult cuEventSynchronize(void* event) {
+  if (const CUresult r = needs_context("cuEventSynchronize"); r != success) return r;
   auto* e = static_cast<Event*>(event);
   std::uint64_t record;
   {
@@ -341,6 +389,7 @@ CUresult cuEventSynchronize(void* event) {
   return sync_result("cuEventSynchronize");
 }
 CUresult cuStreamWaitEvent(void* stream, void* event, unsigned) {
+  if (const CUresult r = needs_context("cuStreamWaitEvent"); r != success) return r;
   count("cuStreamWaitEvent");
   auto* e = static_cast<Event*>(event);
   std::uint64_t record;
@@ -353,6 +402,7 @@ CUresult cuStreamWaitEvent(void* stream, void* event, unsigned) {
 }
 
 CUresult cuModuleLoadData(void** module, const void* image) {
+  if (const CUresult r = needs_context("cuModuleLoadData"); r != success) return r;
   count("cuModuleLoadData");
   std::string ptx(static_cast<const char*>(image));
   if (ptx.find(".entry") == std::string::npos) return invalid_ptx;
@@ -361,16 +411,28 @@ CUresult cuModuleLoadData(void** module, const void* image) {
   return success;
 }
 CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
+  if (const CUresult r = needs_context("cuModuleGetFunction"); r != success) return r;
   const std::string& ptx = static_cast<Module*>(module)->ptx;
   if (ptx.find(std::string(".entry ") + name + "(") == std::string::npos) return not_found;
   std::lock_guard g(state().mutex);
-  *function = &state().functions.emplace_back(Function{name});
+  *function = &state().functions.emplace_back(Function{name, param_sizes(ptx, name)});
   return success;
 }
 CUresult cuLaunchKernel(void* function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                        void* stream, void**, void**) {
+                        void* stream, void** kernel_params, void**) {
+  if (const CUresult r = needs_context("cuLaunchKernel"); r != success) return r;
   count("cuLaunchKernel");
-  const std::string name = static_cast<Function*>(function)->name;
+  const Function& f = *static_cast<Function*>(function);
+  const std::string name = f.name;
+  {
+    std::vector<std::vector<unsigned char>> params;
+    for (std::size_t i = 0; i < f.params.size(); ++i) {
+      const auto* bytes = static_cast<const unsigned char*>(kernel_params[i]);
+      params.emplace_back(bytes, bytes + f.params[i]);
+    }
+    std::lock_guard g(state().mutex);
+    state().last_launch_params = std::move(params);
+  }
   on_stream(stream, [name] {
     State& s = state();
     std::lock_guard g(s.mutex);
@@ -381,6 +443,7 @@ CUresult cuLaunchKernel(void* function, unsigned, unsigned, unsigned, unsigned, 
 }
 
 CUresult cuStreamBeginCapture_v2(void* stream, int) {
+  if (const CUresult r = needs_context("cuStreamBeginCapture"); r != success) return r;
   State& s = state();
   std::lock_guard g(s.mutex);
   ++s.calls["cuStreamBeginCapture"];
@@ -388,6 +451,7 @@ CUresult cuStreamBeginCapture_v2(void* stream, int) {
   return success;
 }
 CUresult cuStreamEndCapture(void* stream, void** graph) {
+  if (const CUresult r = needs_context("cuStreamEndCapture"); r != success) return r;
   State& s = state();
   std::lock_guard g(s.mutex);
   auto it = s.capturing.find(stream);
@@ -397,19 +461,23 @@ CUresult cuStreamEndCapture(void* stream, void** graph) {
   return success;
 }
 CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) {
+  if (const CUresult r = needs_context("cuGraphInstantiateWithFlags"); r != success) return r;
   *exec = new Graph(*static_cast<Graph*>(graph));
   return success;
 }
 CUresult cuGraphLaunch(void* exec, void* stream) {
+  if (const CUresult r = needs_context("cuGraphLaunch"); r != success) return r;
   count("cuGraphLaunch");
   for (const auto& work : static_cast<Graph*>(exec)->work) on_stream(stream, work);
   return success;
 }
 CUresult cuGraphExecDestroy(void* exec) {
+  if (const CUresult r = needs_context("cuGraphExecDestroy"); r != success) return r;
   delete static_cast<Graph*>(exec);
   return success;
 }
 CUresult cuGraphDestroy(void* graph) {
+  if (const CUresult r = needs_context("cuGraphDestroy"); r != success) return r;
   delete static_cast<Graph*>(graph);
   return success;
 }
@@ -420,11 +488,25 @@ void hybra_fake_cuda_fail_next_sync(CUresult r) {
   std::lock_guard g(state().mutex);
   state().next_sync_error = r;
 }
+// For the stand-in cuBLAS: whether the stream's work is being captured into a graph.
+bool hybra_fake_cuda_capturing(void* stream) {
+  std::lock_guard g(state().mutex);
+  return state().capturing.count(stream) != 0;
+}
 // For the stand-in NCCL, which sums on the host: waits for what the stream has queued.
 void hybra_fake_cuda_drain(void* stream) { static_cast<Stream*>(stream)->drain(); }
 long hybra_fake_cuda_calls(const char* call) {
   std::lock_guard g(state().mutex);
   return state().calls[call];
+}
+// Parameter i of the latest launch: its size, its bytes copied to `out` (up to `capacity`); -1 if it has none.
+long hybra_fake_cuda_last_launch_param(int i, void* out, long capacity) {
+  std::lock_guard g(state().mutex);
+  const auto& params = state().last_launch_params;
+  if (i < 0 || static_cast<std::size_t>(i) >= params.size()) return -1;
+  const auto& p = params[static_cast<std::size_t>(i)];
+  std::memcpy(out, p.data(), std::min<std::size_t>(p.size(), static_cast<std::size_t>(capacity)));
+  return static_cast<long>(p.size());
 }
 const char* hybra_fake_cuda_last_launch() {
   std::lock_guard g(state().mutex);

@@ -273,9 +273,18 @@ TEST_CASE("cuda: an eager expression becomes one CUDA kernel, from its type") {
   CHECK(k.definition.find("const T r3 = T(0x1p+1);") != std::string::npos);
   CHECK(k.definition.find("const T r5 = static_cast<T>(hybra::op::relu::apply<T>(r4));") != std::string::npos);
   CHECK(k.definition.find("out[i] = r5;") != std::string::npos);
+  CHECK(k.definition.find("out[i3] = r5_3;") != std::string::npos);  // contiguous operands: four elements a turn
+  // An eager expression's kernel takes its constants as parameters: one kernel for every value of them.
+  const jit::CudaKernel taking = jit::cuda_elementwise_kernel(p, {}, {}, jit::KernelConstants::parameters);
+  CHECK(taking.definition.find("long long n, float k0)") != std::string::npos);
+  CHECK(taking.definition.find("const T r3 = k0;") != std::string::npos);
+  CHECK(taking.definition.find("0x1p+1") == std::string::npos);
+  CHECK(taking.name != k.name);
   TempDir dir;
   jit::KernelCache cache(dir.path, 1 << 20);
   CHECK(jit::cuda_ptx(jit::cuda_program({k}), "eager.cu", "compute_90", cache).find(".entry " + k.name) !=
+        std::string::npos);
+  CHECK(jit::cuda_ptx(jit::cuda_program({taking}), "taking.cu", "compute_90", cache).find(".param .f32") !=
         std::string::npos);
 
   Tensor i = ones({4}, DType::int32);

@@ -187,12 +187,12 @@ TEST_CASE("cuda kernels: a whole-tensor sum of 2^20 float32 in pieces is correct
   const Tensor x = full({1 << 20}, 0.1, DType::float32);
   const Tensor got = simulated_reduction(Reduction::sum, x, std::nullopt, sum(x), 16, 256);
   const auto plan = jit::plan_reduce(std::vector<std::array<std::int64_t, 3>>{{1, 1 << 20, 1}}, 8, 16);
-  CHECK(plan.steps.size() == 2);  // the pieces (one block each, four per multiprocessor), then the pieces' sum
-  CHECK(plan.steps[0].blocks == 64);
+  CHECK(plan.steps.size() == 2);  // the pieces (one block each, sixteen per multiprocessor), then the pieces' sum
+  CHECK(plan.steps[0].blocks == 256);
   CHECK(got.item<float>() == sum(x).item<float>());
   CHECK(std::abs(got.item<float>() - 0.1f * (1 << 20)) <= 0.1f * (1 << 20) * 1e-6);
   const auto h100 = jit::plan_reduce(std::vector<std::array<std::int64_t, 3>>{{1, 1 << 26, 1}}, 8, 132);
-  CHECK(h100.steps[0].blocks == 528);  // an H100's 132 multiprocessors, four blocks each
+  CHECK(h100.steps[0].blocks == 2112);  // an H100's 132 multiprocessors, sixteen blocks each
 }
 
 TEST_CASE("cuda kernels: softmax and log_softmax, planned for a GPU and run on simulated threads, are the CPU's") {

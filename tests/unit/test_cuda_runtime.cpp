@@ -13,12 +13,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <hybra/hybra.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -41,6 +43,14 @@ struct FakeDriver {
   }
   long calls(const char* call) const { return hook<long (*)(const char*)>("hybra_fake_cuda_calls")(call); }
   std::string last_launch() const { return hook<const char* (*)()>("hybra_fake_cuda_last_launch")(); }
+  // Parameter i of the latest launch, as a T.
+  template <class T>
+  T last_launch_param(int i) const {
+    T value{};
+    CHECK(hook<long (*)(int, void*, long)>("hybra_fake_cuda_last_launch_param")(i, &value, sizeof value) ==
+          static_cast<long>(sizeof value));
+    return value;
+  }
   void fail_next_sync(int error) const { hook<void (*)(int)>("hybra_fake_cuda_fail_next_sync")(error); }
   template <class F>
   F library_hook(const char* env, const char* name) const {
@@ -167,6 +177,24 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(fake.calls("cuModuleLoadData") == loads + 1);
   }
 
+  TEST_CASE("cuda fake: an expression's scalars are its kernel's arguments: one kernel serves every value") {
+    FakeDriver fake;
+    Tensor a = ones({5}, DType::float32, cuda(0));
+    const long loads = fake.calls("cuModuleLoadData");
+    for (float scale : {2.0f, 3.0f, -0.25f}) {
+      Tensor y = a * scale + 1;
+      y.wait_to_read();
+      // in0, out, n, then the constants in the expression's order: scale (a float), 1 (as the dtype, float)
+      CHECK(fake.last_launch_param<float>(3) == scale);
+      CHECK(fake.last_launch_param<float>(4) == 1.0f);
+    }
+    CHECK(fake.calls("cuModuleLoadData") == loads + 1);
+    Tensor i = ones({5}, DType::int64, cuda(0));
+    Tensor shifted = i + 7;
+    shifted.wait_to_read();
+    CHECK(fake.last_launch_param<std::int64_t>(3) == 7);
+  }
+
   TEST_CASE("cuda fake: node by node (eval_unfused, autograd), an op is a kernel of its own, compiled once") {
     FakeDriver fake;
     Tensor a = array<float>({1, -2, 3}, {3}, cuda(0)), b = ones({3}, DType::float32, cuda(0));
@@ -288,6 +316,21 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     same(fully_connected(x.to(cuda(0)), w.to(cuda(0))), fully_connected(x, w));
     CHECK_THROWS_WITH_AS(matmul(ones({2, 2}, DType::int32, cuda(0)), ones({2, 2}, DType::int32, cuda(0))),
                          doctest::Contains("matmul: int32 products are not done on a GPU"), DTypeError);
+  }
+
+  TEST_CASE("cuda fake: cuBLASLt is told how aligned a product's operands are, as a view's offset leaves them") {
+    FakeDriver fake;
+    auto misaligned = [&] { return fake.cublas_hook<long (*)()>("hybra_fake_cublas_misaligned")(); };
+    seed(6);
+    const Tensor rows = random_uniform({5, 12}, -1, 1), w = random_uniform({3, 12}, -1, 1), b = random_uniform({3}, -1, 1);
+    const Tensor g_rows = rows.to(cuda(0)), gw = w.to(cuda(0)), gb = b.to(cuda(0));
+    const long before = misaligned();
+    // Rows 1..4 start 48 bytes into their block, the bias 4 bytes into its own: 16- and 4-byte aligned.
+    const Tensor got = fully_connected(slice(g_rows, 0, 1, std::nullopt), gw, slice(concat({gb, gb}), 0, 1, 4));
+    const Tensor want = fully_connected(slice(rows, 0, 1, std::nullopt), w, slice(concat({b, b}), 0, 1, 4));
+    const auto g = got.to_vector<float>(), c = want.to_vector<float>();
+    for (std::size_t i = 0; i < c.size(); ++i) CHECK(g[i] == doctest::Approx(c[i]).epsilon(1e-5));
+    CHECK(misaligned() == before);
   }
 
   TEST_CASE("cuda fake: the chapter's MLP on a GPU, eager and hybridized: cuBLASLt epilogues, then one CUDA graph") {
@@ -690,3 +733,18 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(fake.calls("cuLaunchKernel") == launches + 3);
   }
 }
+
+// In a process of its own (ctest's unit_cuda_exit), with the stand-ins: the
+// process ends with GPU work still queued in the engine.
+TEST_SUITE("cuda exit" * doctest::skip()) {
+  TEST_CASE("cuda exit: GPU work still queued at exit finishes before cuBLAS's exit handlers run") {
+    const Tensor a = ones({8, 8}, DType::float32, cuda(0));
+    matmul(a, a).wait_to_read();  // cuBLAS made its handle: its exit handlers are registered now
+    Tensor slow({8, 8}, DType::float32);
+    push_op("slow", {}, {slow}, [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+    const Tensor b = slow.to(cuda(0));
+    for (int k = 0; k < 4; ++k) (void)matmul(a, b);  // queued behind the slow op when exit comes
+    std::exit(0);  // the stand-in cuBLAS aborts if a GEMM is asked for after its exit handlers
+  }
+}
+

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <hybra/hybra.hpp>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "training.hpp"
@@ -37,18 +38,25 @@ Tensor operand(DType dtype, std::uint64_t seed_value) {
   return (is_floating(dtype) ? u : Tensor(u * 2 + 1)).astype(dtype);
 }
 
+// The net `build` makes, on device d, hybridized or not; its weights are
+// drawn at its first call, on the host, from seed `draws`, whatever the device.
+template <class Build>
+nn::HybridSequential net_on(Build build, Device d, bool hybridized, std::uint64_t draws) {
+  nn::HybridSequential net;
+  build(net);
+  net.initialize(nn::init::Xavier(), d);
+  if (hybridized) net.hybridize();
+  seed(draws);
+  return net;
+}
+
 // Trains the net `build` makes for `steps` SGD steps on (X, y), on the CPU,
 // then on cuda(0) eager and hybridized, and checks that the GPU's weights
-// end within 1e-4 of the CPU's. The weights are drawn at the first call, on
-// the host, from seed `draws`, whatever the device.
+// end within 1e-4 of the CPU's.
 template <class Build>
 void check_trains_like_cpu(Build build, const Tensor& X, const Tensor& y, int steps, std::uint64_t draws) {
   auto train = [&](Device d, bool hybridized) {
-    nn::HybridSequential net;
-    build(net);
-    net.initialize(nn::init::Xavier(), d);
-    if (hybridized) net.hybridize();
-    seed(draws);
+    nn::HybridSequential net = net_on(build, d, hybridized, draws);
     test::train_steps(net, X.to(d), y.to(d), steps);
     std::vector<std::vector<float>> weights;
     for (const auto& p : net.collect_params()) weights.push_back(p.data().to_vector<float>());
@@ -60,10 +68,75 @@ void check_trains_like_cpu(Build build, const Tensor& X, const Tensor& y, int st
     const auto got = train(cuda(0), hybridized);
     REQUIRE(got.size() == want.size());
     int wrong = 0;
-    for (std::size_t k = 0; k < got.size(); ++k)
-      for (std::size_t i = 0; i < got[k].size(); ++i) wrong += !(std::abs(got[k][i] - want[k][i]) <= 1e-4);
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      int wrong_here = 0;
+      double worst = 0;
+      for (std::size_t i = 0; i < got[k].size(); ++i) {
+        const double d = std::abs(got[k][i] - want[k][i]);
+        wrong_here += !(d <= 1e-4);
+        worst = std::max(worst, d);
+      }
+      if (wrong_here) MESSAGE("parameter ", k, ": ", wrong_here, " of ", got[k].size(), " differ, by up to ", worst);
+      wrong += wrong_here;
+    }
     CHECK(wrong == 0);
   }
+}
+
+// One training step of the net `build` makes, on cuda(0) and on the CPU:
+// the output, the loss, then each parameter's value and gradient, in the
+// order the step makes them, each within `tolerance` of the largest CPU
+// value of its kind. The first that differs is where a wrong training run
+// goes wrong.
+template <class Build>
+void check_step_like_cpu(Build build, const Tensor& X, const Tensor& y, std::uint64_t draws, double tolerance) {
+  auto step = [&](Device d, bool hybridized) {
+    nn::HybridSequential net = net_on(build, d, hybridized, draws);
+    const nn::SoftmaxCrossEntropyLoss loss_fn;
+    Tensor out, loss;
+    {
+      autograd::record rec;
+      out = net(X.to(d));
+      loss = loss_fn(out, y.to(d));
+    }
+    loss.backward();
+    std::vector<std::pair<std::string, std::vector<double>>> values{{"output", out.to_vector<double>()},
+                                                                     {"loss", loss.to_vector<double>()}};
+    for (const auto& p : net.collect_params()) values.emplace_back(p.name(), p.data().to_vector<double>());
+    for (const auto& p : net.collect_params()) values.emplace_back("gradient of " + p.name(), p.grad().to_vector<double>());
+    return values;
+  };
+  const auto want = step(cpu(), false);
+  for (bool hybridized : {false, true}) {
+    CAPTURE(hybridized);
+    const auto got = step(cuda(0), hybridized);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      CAPTURE(want[k].first);
+      const auto &g = got[k].second, &c = want[k].second;
+      REQUIRE(g.size() == c.size());
+      double scale = 0, worst = 0;
+      std::size_t at = 0;
+      for (double v : c) scale = std::max(scale, std::abs(v));
+      for (std::size_t i = 0; i < g.size(); ++i)
+        if (!(std::abs(g[i] - c[i]) <= worst)) worst = std::abs(g[i] - c[i]), at = i;
+      if (!(worst <= tolerance * std::max(scale, 1e-30)))
+        MESSAGE(want[k].first, ": differs by up to ", worst, " (at ", at, ": ", g[at], " against ", c[at],
+                "), its largest value is ", scale);
+      CHECK(worst <= tolerance * std::max(scale, 1e-30));
+    }
+  }
+}
+
+// LeNet-5 as train_lenet builds it, and a batch for it: 32 images of noise and random labels.
+void lenet(nn::HybridSequential& net) {
+  net.add(nn::Conv2D(6, 5, 1, 2, 1, 1, "relu"), nn::MaxPool2D(2), nn::Conv2D(16, 5, 1, 0, 1, 1, "relu"),
+          nn::MaxPool2D(2), nn::Flatten(), nn::Dense(120, "relu"), nn::Dense(84, "relu"), nn::Dense(10));
+}
+std::pair<Tensor, Tensor> lenet_batch() {
+  seed(4);
+  Tensor X = random_normal({32, 1, 28, 28}, 0, 1);
+  return {X, random_uniform({32}, 0, 10).astype(DType::int32).astype(DType::float32)};
 }
 
 template <class Op>
@@ -171,6 +244,20 @@ TEST_SUITE("gpu" * doctest::skip()) {
     CHECK(on_gpu.plan().graphs_recorded() == 2);
   }
 
+  TEST_CASE("gpu: an eager expression's scalars are the call's, not those of the expression type's first call") {
+    if (!gpu_present()) return;
+    seed(12);
+    const Tensor a = random_uniform({1000}, -1, 1), ga = a.to(cuda(0));
+    auto update = [](const Tensor& x, float rate, double decay) { return x * rate - decay * x + 1; };
+    for (const auto& [rate, decay] : std::vector<std::pair<float, double>>{{0.5f, 0.1}, {2.0f, -3.0}, {-1.0f, 0.0}}) {
+      CAPTURE(rate);
+      const auto got = Tensor(update(ga, rate, decay)).to_vector<float>(), want = Tensor(update(a, rate, decay)).to_vector<float>();
+      int wrong = 0;
+      for (std::size_t i = 0; i < want.size(); ++i) wrong += !(std::abs(got[i] - want[i]) <= 1e-6f * (1 + std::abs(want[i])));
+      CHECK(wrong == 0);
+    }
+  }
+
   TEST_CASE("gpu: broadcast operands, views and a hybridized elementwise graph against the CPU") {
     if (!gpu_present()) return;
     seed(4);
@@ -204,7 +291,7 @@ TEST_SUITE("gpu" * doctest::skip()) {
       CHECK(on_gpu.to_vector<double>() == on_cpu.to_vector<double>());
     };
     same(concat({ga, gb}, 1), concat({a, b}, 1));
-    same(concat({transpose(ga), transpose(gb)}, -1), concat({transpose(a), transpose(b)}, -1));
+    same(concat({transpose(ga), transpose(gb)}, 1), concat({transpose(a), transpose(b)}, 1));  // (5,3,4) and (5,2,4)
     Tensor into = zeros({5, 3, 4}), g_into = zeros({5, 3, 4}, DType::float32, cuda(0));
     slice(transpose(into), 0, 1, std::nullopt, 2).assign(slice(a, 0, 1, std::nullopt, 2) * 2);
     slice(transpose(g_into), 0, 1, std::nullopt, 2).assign(slice(ga, 0, 1, std::nullopt, 2) * 2);
@@ -403,15 +490,14 @@ TEST_SUITE("gpu" * doctest::skip()) {
 
   TEST_CASE("gpu: LeNet trained on cuda(0), eager and hybridized, ends with the CPU's weights") {
     if (!gpu_present()) return;
-    seed(4);
-    const Tensor X = random_normal({32, 1, 28, 28}, 0, 1);
-    const Tensor y = random_uniform({32}, 0, 10).astype(DType::int32).astype(DType::float32);
-    check_trains_like_cpu(
-        [](nn::HybridSequential& net) {
-          net.add(nn::Conv2D(6, 5, 1, 2, 1, 1, "relu"), nn::MaxPool2D(2), nn::Conv2D(16, 5, 1, 0, 1, 1, "relu"),
-                  nn::MaxPool2D(2), nn::Flatten(), nn::Dense(120, "relu"), nn::Dense(84, "relu"), nn::Dense(10));
-        },
-        X, y, 4, 9);
+    const auto [X, y] = lenet_batch();
+    check_trains_like_cpu(lenet, X, y, 4, 9);
+  }
+
+  TEST_CASE("gpu: one training step of LeNet on cuda(0), eager and hybridized, gives the CPU's output, loss and gradients") {
+    if (!gpu_present()) return;
+    const auto [X, y] = lenet_batch();
+    check_step_like_cpu(lenet, X, y, 9, 1e-5);
   }
 
   TEST_CASE("gpu: freed memory is reused, and running out is an OutOfMemory naming the GPU") {

@@ -104,6 +104,7 @@ class Engine {
   // Runs the pending work, stops the workers and reports on stderr any
   // failure that nothing observed (a destructor cannot throw it).
   ~Engine() {
+    if (drains_gpus_at_exit_) backend::cuda::exit_drain().store(nullptr);
     drain_and_stop();
     std::lock_guard g(failures_mutex_);
     for (auto& f : unobserved_) {
@@ -167,6 +168,19 @@ class Engine {
   void shutdown() {
     refuse_inside_op("shutdown");
     drain_and_stop();
+  }
+
+  // Makes this engine finish its ops and its GPUs' queued work at exit
+  // before the CUDA libraries tear down (backend/cuda/library.hpp,
+  // exit_drain): the process's engine does, as its destructor may run after
+  // theirs.
+  void finish_gpu_work_at_exit() {
+    drains_gpus_at_exit_ = true;
+    static Engine* engine = this;
+    backend::cuda::exit_drain().store([] {
+      engine->wait_idle();
+      (void)engine->wait_for_gpus();  // a device error at exit: reported by ~Engine if no wait saw it
+    });
   }
 
   EngineType type() const { return naive_.load() ? EngineType::naive : EngineType::threaded; }
@@ -551,11 +565,16 @@ class Engine {
   std::array<backend::cuda::FencePtr, max_gpu_devices> last_fences_{};  // of the latest op on each GPU
   std::mutex failures_mutex_;
   std::vector<detail::FailurePtr> unobserved_;
+  bool drains_gpus_at_exit_ = false;
 };
 
 // The process-wide engine, created on first use with Options::from_env().
 inline Engine& get() {
-  static Engine engine(Options::from_env());
+  static Engine& engine = []() -> Engine& {
+    static Engine e(Options::from_env());
+    e.finish_gpu_work_at_exit();
+    return e;
+  }();
   return engine;
 }
 

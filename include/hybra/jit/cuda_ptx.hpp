@@ -1,9 +1,10 @@
 #pragma once
 // CUDA source → PTX through NVRTC, once per source, target architecture,
-// NVRTC version and version of the hybra headers a kernel includes: later
-// requests, in this process or the next, come from the kernel cache
-// (kernel_cache.hpp).
+// NVRTC (backend::cuda::nvrtc_identity) and version of the hybra headers a
+// kernel includes: later requests, in this process or the next, come from the
+// kernel cache (kernel_cache.hpp), without loading NVRTC.
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -18,21 +19,43 @@
 namespace hybra::jit {
 
 // The directory that holds hybra/ (the one consumers put on their include
-// path), for NVRTC's -I: generated kernels include hybra's headers.
-inline std::string hybra_include_dir() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
+// path), for NVRTC's -I: generated kernels include hybra's headers. Where
+// they were when the program was compiled, unless $HYBRA_INCLUDE_DIR says
+// where they are now (a moved build, a bundle carried to another machine).
+inline const std::string& hybra_include_dir() {
+  static const std::string dir = [] {
+    if (const char* v = std::getenv("HYBRA_INCLUDE_DIR"); v && *v) {
+      if (!std::filesystem::exists(std::filesystem::path(v) / "hybra" / "ops" / "elementwise.hpp"))
+        fail<Error>("cuda: HYBRA_INCLUDE_DIR=", v, " holds no hybra/ops/elementwise.hpp: it must name the directory ",
+                    "that holds hybra's headers (hybra/), which NVRTC compiles into kernels");
+      return std::string(v);
+    }
+    return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
+  }();
+  return dir;
 }
 
 // The directory that holds kernels/, the hand-written device code NVRTC
-// compiles with hybra's generated entries (as <kernels/NAME.cuh>): the
-// source tree's top level, or share/hybra where CMake installs it.
+// compiles with hybra's generated entries (as <kernels/NAME.cuh>):
+// $HYBRA_KERNELS_DIR's parent when it names that kernels/ directory, else the
+// one beside the headers: the source tree's top level, or share/hybra where
+// CMake installs it.
 inline const std::string& kernels_parent_dir() {
   static const std::string dir = [] {
+    if (const char* v = std::getenv("HYBRA_KERNELS_DIR"); v && *v) {
+      const std::filesystem::path kernels = std::filesystem::path(v).lexically_normal();
+      const std::filesystem::path named = kernels.has_filename() ? kernels : kernels.parent_path();
+      if (named.filename() != "kernels" || !std::filesystem::exists(named / "reduce.cuh"))
+        fail<Error>("cuda: HYBRA_KERNELS_DIR=", v, " must name a directory called kernels that holds hybra's ",
+                    "device code (reduce.cuh, ...): NVRTC includes it as <kernels/NAME.cuh>");
+      return named.parent_path().string();
+    }
     const std::filesystem::path include(hybra_include_dir());
     for (const auto& candidate : {include.parent_path(), include.parent_path() / "share" / "hybra"})
       if (std::filesystem::exists(candidate / "kernels" / "reduce.cuh")) return candidate.string();
     fail<Error>("cuda: hybra's device code (kernels/reduce.cuh) is neither in ", include.parent_path().string(),
-                " nor in ", (include.parent_path() / "share" / "hybra").string(), ", where NVRTC looks for it");
+                " nor in ", (include.parent_path() / "share" / "hybra").string(),
+                ", where NVRTC looks for it; HYBRA_KERNELS_DIR names another directory");
   }();
   return dir;
 }
@@ -65,27 +88,37 @@ inline constexpr const char* default_cuda_arch = "compute_90";
 
 inline std::string cuda_ptx(const std::string& source, const std::string& name, const std::string& arch = default_cuda_arch,
                             KernelCache& cache = KernelCache::global()) {
-  const auto& compiler = backend::cuda::nvrtc();
-  const std::string key = hybra::detail::concat("nvrtc ", compiler.version(), "\nheaders ", kernel_headers_hash(), '\n',
-                                                arch, '\n', name, '\n', source);
+  const std::string key = hybra::detail::concat("nvrtc ", backend::cuda::nvrtc_identity(), "\nheaders ",
+                                                kernel_headers_hash(), '\n', arch, '\n', name, '\n', source);
   return cache.get(key, [&] {
-    return compiler.compile_ptx(source, name, arch, {"-I" + hybra_include_dir(), "-I" + kernels_parent_dir()});
+    return backend::cuda::nvrtc().compile_ptx(source, name, arch,
+                                              {"-I" + hybra_include_dir(), "-I" + kernels_parent_dir()});
   });
 }
 
 // cuda_ptx for the program named `name` (unique to its source, which
-// make_source() writes only the first time), kept for the process: the
-// reference stays valid, so engine ops may hold it, and later calls cost a
-// lookup.
+// make_source() writes only the first time, unless
+// backend::cuda::check_caches() has it written each time and compared), kept
+// for the process: the reference stays valid, so engine ops may hold it, and
+// later calls cost a lookup.
 template <class MakeSource>
 const std::string& program_ptx(const std::string& name, const std::string& arch, MakeSource&& make_source) {
+  struct Program {
+    std::string source_hash, ptx;
+  };
   static std::mutex& mutex = *new std::mutex;
-  static auto& compiled = *new std::map<std::string, std::string>;  // ops still queued at exit may use it
+  static auto& compiled = *new std::map<std::string, Program>;  // ops still queued at exit may use it
   std::lock_guard g(mutex);
   const std::string key = name + '\n' + arch;
   auto it = compiled.find(key);
-  if (it == compiled.end()) it = compiled.emplace(key, cuda_ptx(make_source(), name + ".cu", arch)).first;
-  return it->second;
+  if (it == compiled.end()) {
+    const std::string source = make_source();
+    it = compiled.emplace(key, Program{fnv1a64_hex(source), cuda_ptx(source, name + ".cu", arch)}).first;
+  } else if (backend::cuda::check_caches() && fnv1a64_hex(make_source()) != it->second.source_hash) {
+    fail<Error>("cuda: program ", name, " was compiled from other source than this request's: its name misses "
+                "something its code depends on");
+  }
+  return it->second.ptx;
 }
 
 }  // namespace hybra::jit

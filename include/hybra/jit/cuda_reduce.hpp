@@ -84,7 +84,7 @@ inline ReducePlan plan_reduce(std::span<const std::array<std::int64_t, 3>> block
     const bool last = k + 1 == blocks.size();
     // Pieces only where the outputs alone would not fill the GPU, and never
     // so short that a thread has little to add.
-    const i64 pieces = I == 1 ? std::clamp(ceil_div(4 * sms, O), i64{1}, std::max(i64{1}, R / 2048))
+    const i64 pieces = I == 1 ? std::clamp(ceil_div(16 * sms, O), i64{1}, std::max(i64{1}, R / 2048))
                               : std::clamp(ceil_div(sms * 2048, O * I), i64{1}, std::max(i64{1}, R / 64));
     const i64 len = ceil_div(R, pieces);
     if (ceil_div(R, len) > 1) {

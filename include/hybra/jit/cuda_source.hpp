@@ -73,8 +73,15 @@ struct CudaKernel {
   std::string definition;  // the __global__ function; cuda_program() makes sources of definitions
 };
 
+// How a program's constants reach its kernel: as literals of the code (a
+// captured graph's, whose constants are part of the graph), or as parameters
+// after the element count, in the program's order (an eager expression's,
+// whose kernel serves every value of its scalars).
+enum class KernelConstants { literals, parameters };
+
 // Parameters: the inputs (const T*, one per input register), the output
-// (T*, contiguous), and the element count (long long). Without `strides`
+// (T*, contiguous), the element count (long long), then the constants
+// when they are parameters (T, by value). Without `strides`
 // every input is contiguous in the result's shape and is read at the
 // element's own index. strides[k], when not empty, are input k's strides
 // over the result's `shape` (0 on the axes it is broadcast along: expr's
@@ -82,57 +89,95 @@ struct CudaKernel {
 // element's coordinates give. Shapes and strides are constants of the code,
 // so such a kernel serves one layout.
 inline CudaKernel cuda_elementwise_kernel(const backend::cpu::FusedProgram& p, const Shape& shape = {},
-                                          std::span<const Strides> strides = {}) {
+                                          std::span<const Strides> strides = {},
+                                          KernelConstants constants = KernelConstants::literals) {
   const std::string T(cuda_type(p.dtype));
-  auto reg = [](int r) { return "r" + std::to_string(r); };
-  std::string body;
   const bool strided = std::any_of(strides.begin(), strides.end(), [](const Strides& st) { return !st.empty(); });
-  if (strided) {
-    body += "    long long rest = i;\n";
-    for (std::size_t d = shape.size(); d-- > 0;)
-      body += d ? "    const long long c" + std::to_string(d) + " = rest % " + std::to_string(shape[d]) + "LL; rest /= " +
-                      std::to_string(shape[d]) + "LL;\n"
-                : "    const long long c0 = rest;\n";
-  }
-  for (int k = 0; k < p.inputs; ++k) {
-    std::string index = "i";
-    if (static_cast<std::size_t>(k) < strides.size() && !strides[static_cast<std::size_t>(k)].empty()) {
-      const Strides& st = strides[static_cast<std::size_t>(k)];
-      if (st.size() != shape.size())
-        fail<ShapeError>("cuda: input ", k, " has strides for ", st.size(), " dims over a result of ", shape.size());
-      index.clear();
-      for (std::size_t d = 0; d < st.size(); ++d)
-        if (st[d] != 0) index += (index.empty() ? "" : " + ") + ("c" + std::to_string(d) + " * " + std::to_string(st[d]) + "LL");
-      if (index.empty()) index = "0";
+  std::string constant_params;
+  if (constants == KernelConstants::parameters)
+    for (std::size_t k = 0; k < p.constants.size(); ++k) constant_params += ", " + T + " k" + std::to_string(k);
+  // One element's code, its registers suffixed with `u`, at index `i`: its
+  // loads, its arithmetic, its store.
+  struct Element {
+    std::string loads, compute, store;
+  };
+  auto element = [&](const std::string& u, const std::string& i) {
+    auto reg = [&](int r) { return "r" + std::to_string(r) + u; };
+    Element e;
+    if (strided) {
+      e.loads += "    long long rest = " + i + ";\n";
+      for (std::size_t d = shape.size(); d-- > 0;)
+        e.loads += d ? "    const long long c" + std::to_string(d) + " = rest % " + std::to_string(shape[d]) +
+                           "LL; rest /= " + std::to_string(shape[d]) + "LL;\n"
+                     : "    const long long c0 = rest;\n";
     }
-    body += "    const T " + reg(k) + " = in" + std::to_string(k) + "[" + index + "];\n";
-  }
-  for (const auto& c : p.constants) body += "    const T " + reg(c.reg) + " = T(" + detail::cuda_literal(c, p.dtype) + ");\n";
-  const auto& ops = detail::elementwise_op_table();
-  for (const auto& ins : p.code) {
-    if (ins.op < 0 || static_cast<std::size_t>(ins.op) >= ops.size())
-      fail<ValueError>("cuda: fused program instruction names op #", ins.op, ", which is not in the op table");
-    const auto& op = ops[static_cast<std::size_t>(ins.op)];
-    std::string args;
-    for (int a = 0; a < op.arity; ++a) {
-      std::string operand = reg(ins.src[static_cast<std::size_t>(a)]);
-      if (a == 0 && op.rule == op::DTypeRule::select) operand = "(" + operand + " != T(0))";
-      args += (a ? ", " : "") + operand;
+    for (int k = 0; k < p.inputs; ++k) {
+      std::string index = i;
+      if (static_cast<std::size_t>(k) < strides.size() && !strides[static_cast<std::size_t>(k)].empty()) {
+        const Strides& st = strides[static_cast<std::size_t>(k)];
+        if (st.size() != shape.size())
+          fail<ShapeError>("cuda: input ", k, " has strides for ", st.size(), " dims over a result of ", shape.size());
+        index.clear();
+        for (std::size_t d = 0; d < st.size(); ++d)
+          if (st[d] != 0) index += (index.empty() ? "" : " + ") + ("c" + std::to_string(d) + " * " + std::to_string(st[d]) + "LL");
+        if (index.empty()) index = "0";
+      }
+      e.loads += "    const T " + reg(k) + " = in" + std::to_string(k) + "[" + index + "];\n";
     }
-    body += "    const T " + reg(ins.dst) + " = static_cast<T>(hybra::op::" + std::string(op.name) + "::apply<T>(" +
-            args + "));\n";
+    for (std::size_t k = 0; k < p.constants.size(); ++k) {
+      const auto& c = p.constants[k];
+      e.compute += "    const T " + reg(c.reg) + " = " +
+                   (constants == KernelConstants::parameters ? "k" + std::to_string(k)
+                                                             : "T(" + detail::cuda_literal(c, p.dtype) + ")") +
+                   ";\n";
+    }
+    const auto& ops = detail::elementwise_op_table();
+    for (const auto& ins : p.code) {
+      if (ins.op < 0 || static_cast<std::size_t>(ins.op) >= ops.size())
+        fail<ValueError>("cuda: fused program instruction names op #", ins.op, ", which is not in the op table");
+      const auto& op = ops[static_cast<std::size_t>(ins.op)];
+      std::string args;
+      for (int a = 0; a < op.arity; ++a) {
+        std::string operand = reg(ins.src[static_cast<std::size_t>(a)]);
+        if (a == 0 && op.rule == op::DTypeRule::select) operand = "(" + operand + " != T(0))";
+        args += (a ? ", " : "") + operand;
+      }
+      e.compute += "    const T " + reg(ins.dst) + " = static_cast<T>(hybra::op::" + std::string(op.name) +
+                   "::apply<T>(" + args + "));\n";
+    }
+    e.store = "    out[" + i + "] = " + reg(p.result) + ";\n";
+    return e;
+  };
+
+  // A grid-stride loop; where every operand is read at the element's own
+  // index, four elements a turn, their loads first, so that a thread has
+  // several in flight (what memory-bound chains need to reach the copy's
+  // bandwidth), then the one-element loop for the rest.
+  std::string loops;
+  if (!strided) {
+    std::string loads, compute, stores;
+    for (int u = 0; u < 4; ++u) {
+      const Element e = element("_" + std::to_string(u), "i" + std::to_string(u));
+      loads += e.loads;
+      compute += e.compute;
+      stores += e.store;
+    }
+    loops += "  for (; i + 3 * stride < n; i += 4 * stride) {\n"
+             "    const long long i0 = i, i1 = i + stride, i2 = i + 2 * stride, i3 = i + 3 * stride;\n" +
+             loads + compute + stores + "  }\n";
   }
-  body += "    out[i] = " + reg(p.result) + ";\n";
+  const Element one = element("", "i");
+  loops += "  for (; i < n; i += stride) {\n" + one.loads + one.compute + one.store + "  }\n";
 
   std::string params;
   for (int k = 0; k < p.inputs; ++k) params += "const " + T + "* __restrict__ in" + std::to_string(k) + ", ";
   CudaKernel k;
-  k.name = "hybra_fused_" + fnv1a64_hex(T + '\n' + body);
-  k.definition = "extern \"C\" __global__ void " + k.name + "(" + params + T + "* __restrict__ out, long long n) {\n" +
+  k.name = "hybra_fused_" + fnv1a64_hex(T + constant_params + '\n' + loops);
+  k.definition = "extern \"C\" __global__ void " + k.name + "(" + params + T + "* __restrict__ out, long long n" +
+                 constant_params + ") {\n" +
                  "  using T = " + T + ";\n" +
                  "  const long long stride = static_cast<long long>(blockDim.x) * gridDim.x;\n" +
-                 "  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n; i += stride) {\n" +
-                 body + "  }\n}\n";
+                 "  long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;\n" + loops + "}\n";
   return k;
 }
 

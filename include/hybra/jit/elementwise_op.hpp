@@ -54,7 +54,7 @@ inline Tensor run_elementwise(int index, op::DTypeRule rule, std::string_view na
     for (const auto& t : operands) leaves.push_back(&t);
     push_fused_program_cuda(
         name, kernels[static_cast<std::size_t>(index)],
-        [](const void* p) { return *static_cast<const backend::cpu::FusedProgram*>(p); }, &program, leaves, out);
+        [](const void* p) { return *static_cast<const backend::cpu::FusedProgram*>(p); }, &program, leaves, out, {});
     return out;
   }
   auto loop = std::make_shared<const backend::cpu::FusedLoop>(std::move(program), operands, shape);

@@ -4,9 +4,9 @@
 // product C = A B is asked of cuBLAS as C^T = B^T A^T, which reads the same
 // memory with no copy (gemm below takes row-major operands).
 //
-// The library is libcublas.so.13 or .12 (found by the dynamic loader, else in
-// /usr/local/cuda/lib64), or the file $HYBRA_CUBLAS names (the tests point it
-// at a stand-in, tests/fake_cuda).
+// The library is libcublas.so.13 or .12 (where cuda_library_candidates
+// looks), or the file $HYBRA_CUBLAS names (the tests point it at a stand-in,
+// tests/fake_cuda).
 #include <array>
 #include <climits>
 #include <cstdint>
@@ -60,7 +60,7 @@ class BlasLibrary {
  private:
   static SharedLibrary open(const char* env, std::initializer_list<const char*> names) {
     if (const char* file = std::getenv(env); file && *file) return SharedLibrary({file});
-    return SharedLibrary(names);
+    return SharedLibrary(cuda_library_candidates(names));
   }
 
   std::string_view what_;
@@ -72,11 +72,12 @@ class BlasLibrary {
 class Cublas : public BlasLibrary {
  public:
   Cublas()
-      : BlasLibrary("cuBLAS", "HYBRA_CUBLAS", {"libcublas.so.13", "libcublas.so.12", "/usr/local/cuda/lib64/libcublas.so"},
+      : BlasLibrary("cuBLAS", "HYBRA_CUBLAS", {"libcublas.so.13", "libcublas.so.12"},
                     "cublasGetStatusName", "cublasGetStatusString") {
     if (!loaded()) return;
     load(create, "cublasCreate_v2");
     load(set_stream, "cublasSetStream_v2");
+    load(set_workspace, "cublasSetWorkspace_v2");
     load(set_math_mode, "cublasSetMathMode");
     load(sgemm, "cublasSgemm_v2");
     load(dgemm, "cublasDgemm_v2");
@@ -84,6 +85,7 @@ class Cublas : public BlasLibrary {
 
   cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
   cublasStatus_t (*set_stream)(cublasHandle_t, CUstream) = nullptr;
+  cublasStatus_t (*set_workspace)(cublasHandle_t, void*, std::size_t) = nullptr;
   cublasStatus_t (*set_math_mode)(cublasHandle_t, int) = nullptr;
   cublasStatus_t (*sgemm)(cublasHandle_t, int, int, int, int, int, const float*, const float*, int, const float*, int,
                           const float*, float*, int) = nullptr;
@@ -113,7 +115,13 @@ inline const Cublas& cublas() {
 }
 
 namespace detail {
-// Each GPU's cuBLAS handle, made on first use on its stream; kept for the
+// The workspace each GPU's cuBLAS handle gets from hybra: what NVIDIA asks
+// for on Hopper. Without a workspace of the caller's, cuBLAS takes one from
+// a pool of its own, which a GEMM captured into a CUDA graph may not do.
+inline constexpr std::size_t cublas_workspace_bytes = std::size_t{32} << 20;
+
+// Each GPU's cuBLAS handle, made on first use on its stream with its
+// workspace (set after the stream: cublasSetStream resets it); kept for the
 // process's life, like the GPUs.
 inline cublasHandle_t cublas_handle(Gpu& gpu) {
   static std::mutex& mutex = *new std::mutex;
@@ -125,7 +133,10 @@ inline cublasHandle_t cublas_handle(Gpu& gpu) {
     gpu.bind();
     cublasHandle_t h = nullptr;
     cb.check(cb.create(&h), "cublasCreate");
+    finish_gpu_work_first();
     cb.check(cb.set_stream(h, gpu.stream()), "cublasSetStream");
+    const CUdeviceptr workspace = gpu.memory().allocate(cublas_workspace_bytes);
+    cb.check(cb.set_workspace(h, reinterpret_cast<void*>(workspace), cublas_workspace_bytes), "cublasSetWorkspace");
     handles[static_cast<std::size_t>(id)] = h;
   }
   return handles[static_cast<std::size_t>(id)];

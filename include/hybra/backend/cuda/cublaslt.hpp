@@ -5,11 +5,12 @@
 // over y. What cuBLASLt needs for one shape (descriptors, the algorithm its
 // heuristic picks) is made once per GPU, dtype, shape and epilogue, and kept.
 //
-// The library is libcublasLt.so.13 or .12 (found by the dynamic loader, else
-// in /usr/local/cuda/lib64), or the file $HYBRA_CUBLASLT names (the tests
+// The library is libcublasLt.so.13 or .12 (where cuda_library_candidates
+// looks), or the file $HYBRA_CUBLASLT names (the tests
 // point it at the stand-in cuBLAS, tests/fake_cuda, which has both APIs).
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,7 +48,7 @@ struct cublasLtMatmulHeuristicResult_t {
 namespace lt {
 inline constexpr int compute_32f = 68, compute_32f_fast_tf32 = 77, compute_64f = 70, r_32f = 0, r_64f = 1;
 inline constexpr int desc_transa = 3, desc_transb = 4, desc_epilogue = 7, desc_bias_pointer = 8;
-inline constexpr int pref_max_workspace_bytes = 1;
+inline constexpr int pref_max_workspace_bytes = 1, pref_min_alignment_a_bytes = 5;  // then B, C, D
 inline constexpr int op_n = 0, op_t = 1;
 }  // namespace lt
 
@@ -58,7 +59,7 @@ class CublasLt : public BlasLibrary {
  public:
   CublasLt()
       : BlasLibrary("cuBLASLt", "HYBRA_CUBLASLT",
-                    {"libcublasLt.so.13", "libcublasLt.so.12", "/usr/local/cuda/lib64/libcublasLt.so"},
+                    {"libcublasLt.so.13", "libcublasLt.so.12"},
                     "cublasLtGetStatusName", "cublasLtGetStatusString") {
     if (!loaded()) return;
     load(create, "cublasLtCreate");
@@ -110,7 +111,13 @@ class DenseMatmul {
   static constexpr std::size_t workspace_bytes = std::size_t{8} << 20;
 
   DenseMatmul(Gpu& gpu, DType dtype, std::int64_t M, std::int64_t N, std::int64_t K, Epilogue epilogue, bool tf32)
-      : lt_(cublaslt()), gpu_(gpu), handle_(lt_handle(gpu)), workspace_(workspace(gpu)), single_(dtype == DType::float32) {
+      : lt_(cublaslt()),
+        gpu_(gpu),
+        handle_(lt_handle(gpu)),
+        workspace_(workspace(gpu)),
+        single_(dtype == DType::float32),
+        dims_{M, N, K},
+        dtype_(dtype) {
     if (dtype != DType::float32 && dtype != DType::float64)
       fail<DTypeError>("fully_connected: ", name(dtype), " products are not done on a GPU (float32 or float64 are)");
     const int type = dtype == DType::float32 ? lt::r_32f : lt::r_64f;
@@ -126,16 +133,6 @@ class DenseMatmul {
     lt_.check(lt_.layout_create(&w_, type, u(K), u(N), K), "cublasLtMatrixLayoutCreate");
     lt_.check(lt_.layout_create(&x_, type, u(K), u(M), K), "cublasLtMatrixLayoutCreate");
     lt_.check(lt_.layout_create(&y_, type, u(N), u(M), N), "cublasLtMatrixLayoutCreate");
-    cublasLtMatmulPreference_t preference = nullptr;
-    lt_.check(lt_.preference_create(&preference), "cublasLtMatmulPreferenceCreate");
-    const std::uint64_t most = workspace_bytes;
-    int found = 0, picked = lt_.preference_set(preference, lt::pref_max_workspace_bytes, &most, sizeof most);
-    if (picked == 0) picked = lt_.heuristic(handle_, desc_, w_, x_, y_, y_, preference, 1, &algorithm_, &found);
-    lt_.preference_destroy(preference);
-    lt_.check(picked, "cublasLtMatmulAlgoGetHeuristic");
-    if (found == 0)
-      fail<DeviceError>("fully_connected: cuBLASLt has no algorithm for ", M, " x ", K, " times (", N, " x ", K,
-                        ")^T in ", name(dtype), " on ", gpu.device());
   }
   DenseMatmul(const DenseMatmul&) = delete;
   DenseMatmul& operator=(const DenseMatmul&) = delete;
@@ -149,14 +146,51 @@ class DenseMatmul {
   // epilogue has none. Pointers to T (the dtype it was made for).
   void run(const void* x, const void* w, const void* bias, void* y) const {
     std::lock_guard g(mutex_);  // the bias is an attribute of the shared descriptor
+    const auto& algorithm = algorithm_for(alignment_of({x, w, bias, y}));
     lt_.check(lt_.desc_set(desc_, lt::desc_bias_pointer, &bias, sizeof bias), "cublasLtMatmulDescSetAttribute");
     const double one = 1, zero = 0;
     const float one_f = 1, zero_f = 0;
     const void* alpha = single_ ? static_cast<const void*>(&one_f) : &one;
     const void* beta = single_ ? static_cast<const void*>(&zero_f) : &zero;
-    lt_.check(lt_.matmul(handle_, desc_, alpha, w, w_, x, x_, beta, y, y_, y, y_, &algorithm_.algo, workspace_,
+    lt_.check(lt_.matmul(handle_, desc_, alpha, w, w_, x, x_, beta, y, y_, y, y_, &algorithm.algo, workspace_,
                          workspace_bytes, gpu_.stream()),
               "cublasLtMatmul");
+  }
+
+ private:
+  // The largest power of two, up to 256, that every non-null pointer is a
+  // multiple of: cuBLASLt's heuristic assumes 256 unless told less, and an
+  // algorithm picked for aligned operands may not run on others (a view's
+  // offset, a plan's buffer).
+  static std::uint32_t alignment_of(std::initializer_list<const void*> pointers) {
+    std::uintptr_t bits = 256;
+    for (const void* p : pointers) bits |= reinterpret_cast<std::uintptr_t>(p);
+    return static_cast<std::uint32_t>(bits & (~bits + 1));
+  }
+
+  // The heuristic's algorithm for operands of this alignment, asked once:
+  // the preferences promise it for x, w and y, and a stand-in bias pointer
+  // of that alignment promises it for the bias (the heuristic reads the
+  // pointer's value, not what it points at).
+  const cublasLtMatmulHeuristicResult_t& algorithm_for(std::uint32_t alignment) const {
+    if (auto it = algorithms_.find(alignment); it != algorithms_.end()) return it->second;
+    cublasLtMatmulPreference_t preference = nullptr;
+    lt_.check(lt_.preference_create(&preference), "cublasLtMatmulPreferenceCreate");
+    const std::uint64_t most = workspace_bytes;
+    const void* bias_like = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(alignment));
+    cublasLtMatmulHeuristicResult_t algorithm{};
+    int found = 0, status = lt_.preference_set(preference, lt::pref_max_workspace_bytes, &most, sizeof most);
+    for (int operand = 0; operand < 4 && status == 0; ++operand)
+      status = lt_.preference_set(preference, lt::pref_min_alignment_a_bytes + operand, &alignment, sizeof alignment);
+    if (status == 0) status = lt_.desc_set(desc_, lt::desc_bias_pointer, &bias_like, sizeof bias_like);
+    if (status == 0) status = lt_.heuristic(handle_, desc_, w_, x_, y_, y_, preference, 1, &algorithm, &found);
+    lt_.preference_destroy(preference);
+    lt_.check(status, "cublasLtMatmulAlgoGetHeuristic");
+    if (found == 0)
+      fail<DeviceError>("fully_connected: cuBLASLt has no algorithm for ", dims_[0], " x ", dims_[2], " times (",
+                        dims_[1], " x ", dims_[2], ")^T in ", name(dtype_), " on ", gpu_.device(), " with operands ",
+                        alignment, "-byte aligned");
+    return algorithms_.emplace(alignment, algorithm).first->second;
   }
 
  private:
@@ -170,6 +204,7 @@ class DenseMatmul {
     if (!h) {
       gpu.bind();
       cublaslt().check(cublaslt().create(&h), "cublasLtCreate");
+      finish_gpu_work_first();
     }
     return h;
   }
@@ -189,7 +224,9 @@ class DenseMatmul {
   bool single_;  // float32: alpha and beta are floats
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t w_ = nullptr, x_ = nullptr, y_ = nullptr;
-  cublasLtMatmulHeuristicResult_t algorithm_{};
+  std::array<std::int64_t, 3> dims_{};  // M, N, K
+  DType dtype_;
+  mutable std::map<std::uint32_t, cublasLtMatmulHeuristicResult_t> algorithms_;  // by alignment_of the operands
   mutable std::mutex mutex_;
 };
 

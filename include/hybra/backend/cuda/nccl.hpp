@@ -4,8 +4,7 @@
 // GPUs of one process), and parallel/mpi.hpp sums a GPU tensor over
 // processes with it.
 //
-// The library is libnccl.so.2 (found by the dynamic loader, else in
-// /usr/local/cuda/lib64), or the file $HYBRA_NCCL names (the tests point it
+// The library is libnccl.so.2 (where cuda_library_candidates looks), or the file $HYBRA_NCCL names (the tests point it
 // at a stand-in, tests/fake_cuda). HYBRA_NCCL=0 turns NCCL off: GPUs are
 // then summed by copies and kernels.
 #include <cstddef>
@@ -86,7 +85,7 @@ class Nccl {
       return {};
     }
     if (file && *file) return SharedLibrary({file});
-    return SharedLibrary({"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"});
+    return SharedLibrary(cuda_library_candidates({"libnccl.so.2"}));
   }
 
   std::string problem_;
@@ -122,6 +121,7 @@ inline const std::vector<ncclComm_t>& nccl_communicators(std::span<const int> gp
   if (it == made.end()) {
     std::vector<ncclComm_t> comms(key.size());
     n.check(n.comm_init_all(comms.data(), static_cast<int>(key.size()), key.data()), "ncclCommInitAll");
+    finish_gpu_work_first();
     it = made.emplace(std::move(key), std::move(comms)).first;
   }
   return it->second;

@@ -9,9 +9,12 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "library.hpp"
@@ -19,21 +22,18 @@
 namespace hybra::backend::cuda {
 
 // Where the toolkit's headers are (CCCL for Thrust/CUB and libcu++, then the
-// CUDA headers): $HYBRA_CUDA_HOME, else $CUDA_HOME, else /usr/local/cuda.
+// CUDA headers), under cuda_home().
 inline std::vector<std::string> cuda_include_dirs() {
-  std::string home = "/usr/local/cuda";
-  for (const char* var : {"HYBRA_CUDA_HOME", "CUDA_HOME"})
-    if (const char* v = std::getenv(var); v && *v) {
-      home = v;
-      break;
-    }
+  const std::string home = cuda_home();
   return {home + "/include/cccl", home + "/include"};
 }
+
+inline constexpr std::initializer_list<const char*> nvrtc_sonames = {"libnvrtc.so.13", "libnvrtc.so.12"};
 
 class Nvrtc {
  public:
   Nvrtc()
-      : lib_({"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so"}) {
+      : lib_(cuda_library_candidates(nvrtc_sonames)) {
     if (!lib_.loaded()) return;
     version_ = lib_.function<int (*)(int*, int*)>("nvrtcVersion");
     create_ = lib_.function<int (*)(void**, const char*, const char*, int, const char* const*, const char* const*)>(
@@ -128,10 +128,31 @@ class Nvrtc {
   const char* (*error_string_)(int) = nullptr;
 };
 
-// The process's NVRTC, loaded on first use.
+// The process's NVRTC, loaded on first use (8 ms or more: the kernel cache
+// keys entries by nvrtc_identity() so that hits do not load it).
 inline const Nvrtc& nvrtc() {
   static const Nvrtc n;
   return n;
+}
+
+// Which NVRTC a compile would use, for the kernel cache's keys, named
+// without loading it where a path finds it: the first candidate path that
+// exists, by its name and its file's size ("libnvrtc.so.13, 109338064
+// bytes": one build of NVRTC, whatever the packaging calls the file the
+// soname points to); else, for an NVRTC only the dynamic loader finds, its
+// nvrtcVersion ("13.0").
+inline const std::string& nvrtc_identity() {
+  static const std::string identity = [] {
+    for (const auto& candidate : cuda_library_candidates(nvrtc_sonames)) {
+      const std::filesystem::path path(candidate);
+      if (!path.has_parent_path()) break;
+      std::error_code ec;
+      const auto bytes = std::filesystem::file_size(path, ec);  // follows the soname's link
+      if (!ec) return hybra::detail::concat(path.filename().string(), ", ", bytes, " bytes");
+    }
+    return nvrtc().version();
+  }();
+  return identity;
 }
 
 }  // namespace hybra::backend::cuda
