@@ -50,6 +50,7 @@ struct State {
   std::map<unsigned long long, std::pair<int, std::size_t>> blocks;  // pointer -> GPU, bytes
   std::map<std::string, long> calls;
   CUresult next_sync_error = success;
+  CUresult more_than_capacity = out_of_memory;  // what a request larger than a GPU's memory gets
   std::deque<Module> modules;  // what the handles point at, kept for the process, as the driver keeps them
   std::deque<Function> functions;
   std::string last_launch;
@@ -270,6 +271,7 @@ CUresult cuMemAlloc_v2(unsigned long long* p, std::size_t bytes) {
   State& s = state();
   std::lock_guard g(s.mutex);
   ++s.calls["cuMemAlloc"];
+  if (bytes > s.capacity) return s.more_than_capacity;
   if (bytes > s.capacity - s.used[current]) return out_of_memory;
   void* block = std::aligned_alloc(256, (bytes + 255) / 256 * 256);  // the driver's alignment, at least
   if (!block) return out_of_memory;
@@ -487,6 +489,12 @@ CUresult cuGraphDestroy(void* graph) {
 void hybra_fake_cuda_fail_next_sync(CUresult r) {
   std::lock_guard g(state().mutex);
   state().next_sync_error = r;
+}
+// What a request for more memory than a GPU has gets from now on: the driver's
+// out of memory, or (as some drivers answer) an invalid value.
+void hybra_fake_cuda_refuse_more_than_capacity_with(CUresult r) {
+  std::lock_guard g(state().mutex);
+  state().more_than_capacity = r;
 }
 // For the stand-in cuBLAS: whether the stream's work is being captured into a graph.
 bool hybra_fake_cuda_capturing(void* stream) {

@@ -292,3 +292,23 @@ TEST_CASE("cuda: an eager expression becomes one CUDA kernel, from its type") {
   CHECK_THROWS_WITH_AS(jit::fused_program(exp(i)), doctest::Contains("computes another dtype"), DTypeError);
   CHECK(jit::fused_program(i * 3 - i).dtype == DType::int32);
 }
+
+// In a process of its own (ctest's unit_cuda_relocated), with HYBRA_INCLUDE_DIR
+// and HYBRA_KERNELS_DIR naming a copy of include/ and kernels/ that holds a
+// marker file each, as a moved build or the GPU bundle has them.
+TEST_SUITE("cuda relocated" * doctest::skip()) {
+  TEST_CASE("cuda relocated: NVRTC compiles from the headers and kernels/ that HYBRA_INCLUDE_DIR and HYBRA_KERNELS_DIR name") {
+    const char* include = std::getenv("HYBRA_INCLUDE_DIR");
+    const char* kernels = std::getenv("HYBRA_KERNELS_DIR");
+    REQUIRE_MESSAGE((include && kernels), "run with HYBRA_INCLUDE_DIR and HYBRA_KERNELS_DIR set");
+    CHECK(jit::hybra_include_dir() == include);
+    CHECK(fs::path(jit::kernels_parent_dir()) / "kernels" == fs::path(kernels).lexically_normal());
+    // The markers are in the copies alone: the compile reads from there.
+    TempDir dir;
+    jit::KernelCache cache(dir.path, 1 << 20);
+    const std::string source = "#include <hybra/relocated_marker.hpp>\n#include <kernels/relocated_marker.cuh>\n"
+                               "#include <hybra/ops/elementwise.hpp>\n"
+                               "extern \"C\" __global__ void k(float* x) { x[0] = hybra::op::exp::apply<float>(x[0]); }\n";
+    CHECK(jit::cuda_ptx(source, "relocated.cu", "compute_90", cache).find(".entry k") != std::string::npos);
+  }
+}

@@ -157,6 +157,11 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
                          doctest::Contains("out of memory on cuda(1): 419430400 bytes requested"), OutOfMemory);
     CHECK_THROWS_WITH_AS(Tensor({100 << 20}, DType::float32, cuda(1)),
                          doctest::Contains("shape (104857600,) and dtype float32"), OutOfMemory);
+    // Some drivers refuse more than a GPU has as an invalid value: still out of memory.
+    fake.hook<void (*)(int)>("hybra_fake_cuda_refuse_more_than_capacity_with")(1);  // CUDA_ERROR_INVALID_VALUE
+    CHECK_THROWS_WITH_AS(Tensor({100 << 20}, DType::float32, cuda(1)),
+                         doctest::Contains("CUDA_ERROR_INVALID_VALUE"), OutOfMemory);
+    fake.hook<void (*)(int)>("hybra_fake_cuda_refuse_more_than_capacity_with")(2);
   }
 
   TEST_CASE("cuda fake: an expression is one kernel, compiled once and launched each time") {

@@ -178,6 +178,7 @@ class Engine {
     drains_gpus_at_exit_ = true;
     static Engine* engine = this;
     backend::cuda::exit_drain().store([] {
+      if (detail::context.op) return;  // exit called inside an op: waiting would wait for that op itself
       engine->wait_idle();
       (void)engine->wait_for_gpus();  // a device error at exit: reported by ~Engine if no wait saw it
     });

@@ -17,12 +17,11 @@
 // The entries up to `where` are also CUDA device code: NVRTC compiles this
 // header into every generated kernel (jit/cuda_source.hpp), which calls
 // Op::apply as the CPU loops do. NVRTC has no host standard library, so
-// there libcu++ (CCCL's cuda::std) stands in for <cmath> and <type_traits>,
-// and the dtype rules below, which are host-only, are left out.
-#ifdef __CUDACC_RTC__
-#include <cuda/std/cmath>
-#include <cuda/std/type_traits>
-#else
+// there NVRTC's built-in math functions and the few traits below stand in for
+// <cmath> and <type_traits> (libcu++'s headers would cost most of each
+// compile: docs/cuda.md), and the dtype rules below, which are host-only,
+// are left out.
+#ifndef __CUDACC_RTC__
 #include <cmath>
 #include <cstdint>
 #include <string_view>
@@ -37,7 +36,28 @@
 namespace hybra::op {
 
 #ifdef __CUDACC_RTC__
-namespace math = cuda::std;
+namespace math {
+using ::exp;
+using ::log;
+using ::pow;
+using ::sqrt;
+using ::tanh;
+template <class T> inline constexpr bool is_integral_v = false;
+template <> inline constexpr bool is_integral_v<bool> = true;
+template <> inline constexpr bool is_integral_v<signed char> = true;
+template <> inline constexpr bool is_integral_v<unsigned char> = true;
+template <> inline constexpr bool is_integral_v<int> = true;
+template <> inline constexpr bool is_integral_v<unsigned> = true;
+template <> inline constexpr bool is_integral_v<long long> = true;
+template <> inline constexpr bool is_integral_v<unsigned long long> = true;
+template <class T> inline constexpr bool is_signed_v = T(-1) < T(0);
+template <class T> inline constexpr bool is_unsigned_v = is_integral_v<T> && !is_signed_v<T>;
+template <class T> struct make_unsigned { using type = T; };
+template <> struct make_unsigned<signed char> { using type = unsigned char; };
+template <> struct make_unsigned<int> { using type = unsigned; };
+template <> struct make_unsigned<long long> { using type = unsigned long long; };
+template <class T> using make_unsigned_t = typename make_unsigned<T>::type;
+}  // namespace math
 struct text {  // an op's name where std::string_view is missing
   const char* data;
   constexpr text(const char* s) : data(s) {}  // NOLINT(google-explicit-constructor)

@@ -55,11 +55,16 @@ class CachingAllocator {
       return_cache_locked();
       r = cu_.cuMemAlloc(&p, size);
     }
-    if (r == constant::out_of_memory) {
+    if (r != constant::success) {
+      // A request larger than the device's free memory is out of memory,
+      // whichever error the driver gives it (out of memory, or an invalid
+      // value for more than the device has at all).
       std::size_t free = 0, total = 0;
-      cu_.cuMemGetInfo(&free, &total);
-      fail<OutOfMemory>("allocate: out of memory on ", device_, ": ", bytes, " bytes requested, ", stats_.in_use,
-                        " bytes held by hybra's tensors, ", free, " bytes free of ", total);
+      const bool known = cu_.cuMemGetInfo(&free, &total) == constant::success;
+      if (r == constant::out_of_memory || (known && size > free))
+        fail<OutOfMemory>("allocate: out of memory on ", device_, ": ", bytes, " bytes requested, ", stats_.in_use,
+                          " bytes held by hybra's tensors, ", free, " bytes free of ", total, " (",
+                          cu_.describe(r), ")");
     }
     cu_.check(r, "cuMemAlloc");
     ++stats_.driver_allocations;
