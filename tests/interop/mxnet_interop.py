@@ -35,7 +35,21 @@ def convnet():
     return net, (3, 2, 12, 12)
 
 
-MODELS = {"mlp": mlp, "convnet": convnet}
+def preactivation():
+    # As resnet*_v2 begins: a BatchNorm without gamma (scale=False, exported as fix_gamma=True), which hybra
+    # imports as a constant of ones; its first call once read that constant before it was written.
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.BatchNorm(scale=False, center=False),
+            gluon.nn.Conv2D(4, 3, padding=1),
+            gluon.nn.BatchNorm(),
+            gluon.nn.Activation("relu"),
+            gluon.nn.GlobalAvgPool2D(),
+            gluon.nn.Flatten(),
+            gluon.nn.Dense(3))
+    return net, (2, 3, 10, 10)
+
+
+MODELS = {"mlp": mlp, "convnet": convnet, "preactivation": preactivation}
 
 
 def export(directory):

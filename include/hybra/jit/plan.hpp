@@ -102,7 +102,12 @@ class Plan {
     boost::container::small_vector<const Tensor*, 4> writes;
     for (const auto& t : call.outputs) writes.push_back(&t);
     writes.push_back(&s.workspace);
-    push_op_on(s.device, s.name, *call.inputs, writes, std::move(call), s.length);
+    boost::container::small_vector<const Tensor*, 8> reads;
+    for (const auto& t : *call.inputs) reads.push_back(&t);
+    if (s.constants_unread.exchange(false))
+      for (const auto& c : s.constants)
+        if (c.defined()) reads.push_back(&c);
+    push_op_on(s.device, s.name, reads, writes, std::move(call), s.length);
     return outputs;
   }
 
@@ -162,6 +167,10 @@ class Plan {
     std::size_t draw_slots = 0;
     engine::OpLength length = engine::OpLength::unknown;
     std::vector<Tensor> constants;  // per node: the plan's copy of a constant's value
+    // Whether no call has read the constants yet: build() made them by copies
+    // still running, so the first call lists them among its reads; the later
+    // ones come after it (every call writes the workspace).
+    mutable std::atomic<bool> constants_unread{true};
     // Per node, during a call (calls are serialised by the workspace): where
     // its value is, and the values eager steps made. Pointers, so that a call
     // touches no reference count it does not need to (each is a cache line
