@@ -1,8 +1,8 @@
 #pragma once
 // Max and average pooling and their gradients on a GPU, as
 // include/hybra/ops/conv.hpp and conv_backward.hpp compute them on the CPU
-// (MXNet's "valid" convention; global pools are the window of a whole
-// plane): a thread per element written. The gradient gathers, for each input
+// (either pooling convention: the geometry's output size says which; global
+// pools are the window of a whole plane): a thread per element written. The gradient gathers, for each input
 // element, what the windows holding it give it, windows in the order the
 // CPU visits them, so there are no atomics and the sums are the CPU's.
 // include/hybra/jit/cuda_conv.hpp writes the entries and launches them;
@@ -25,6 +25,16 @@ __device__ inline void window_span(long long o, long long stride, long long pad,
   const long long start = o * stride - pad;
   first = start > 0 ? start : 0;
   last = start + size < extent ? start + size : extent;
+}
+
+// What an average divides by along an axis, as ops/conv_geometry.hpp's
+// pool_divisor_extent: the window up to the end of the padded input
+// (count_include_pad), or the input it holds.
+__device__ inline long long divisor_extent(long long o, long long stride, long long pad, long long size,
+                                          long long extent, bool count_include_pad) {
+  const long long start = o * stride - pad, end = start + size;
+  if (count_include_pad) return (end < extent + pad ? end : extent + pad) - start;
+  return (end < extent ? end : extent) - (start > 0 ? start : 0);
 }
 
 // v replaces best when it is larger, or a NaN where best is none: a NaN
@@ -59,7 +69,9 @@ __device__ void pool2d(const T* x, T* y, pool_geometry g, bool count_include_pad
       else acc += column;
     }
     if (Max) y[i] = acc;
-    else y[i] = acc / (count_include_pad ? static_cast<T>(g.KH * g.KW) : static_cast<T>(he - hs) * static_cast<T>(we - ws));
+    else
+      y[i] = acc / (static_cast<T>(divisor_extent(oh, g.sh, g.ph, g.KH, g.H, count_include_pad)) *
+                    static_cast<T>(divisor_extent(ow, g.sw, g.pw, g.KW, g.W, count_include_pad)));
   }
 }
 
@@ -107,16 +119,13 @@ __device__ void pool2d_backward(const T* dy, const T* x, T* dx, pool_geometry g,
     T sum = T(0);
     for (long long oh = oh0; oh < oh1; ++oh) {
       T row = T(0);
-      long long hs, he;
-      window_span(oh, g.sh, g.ph, g.KH, g.H, hs, he);
+      const long long height = divisor_extent(oh, g.sh, g.ph, g.KH, g.H, count_include_pad);
       for (long long ow = ow0; ow < ow1; ++ow) {
         const T d = dyp[oh * g.OW + ow];
         if (Max) {
           if (first_maximum(x + plane * g.H * g.W, g, oh, ow) == h * g.W + w) sum += d;
         } else {
-          long long ws, we;
-          window_span(ow, g.sw, g.pw, g.KW, g.W, ws, we);
-          row += d / (count_include_pad ? static_cast<T>(g.KH * g.KW) : static_cast<T>((he - hs) * (we - ws)));
+          row += d / static_cast<T>(height * divisor_extent(ow, g.sw, g.pw, g.KW, g.W, count_include_pad));
         }
       }
       if (!Max) sum += row;

@@ -120,6 +120,7 @@ TEST_CASE("elementwise gradients match finite differences, with broadcasting and
   GRAD_CASE("pow by a scalar", F<decltype(in)>(pow(in[0], 3)), {a})
   GRAD_CASE("maximum", F<decltype(in)>(maximum(in[0], in[1])), {a, b})
   GRAD_CASE("minimum", F<decltype(in)>(minimum(in[0], in[1])), {a, b})
+  GRAD_CASE("clip and relu6", F<decltype(in)>(clip(in[0], -1, 1.5) + relu6(in[0] * 4)), {a})
   GRAD_CASE("where and comparisons", F<decltype(in)>(where(in[0] > in[1], in[0] * 3, in[1])), {a, b})
   GRAD_CASE("a fused chain", F<decltype(in)>(relu(in[0] * in[1] + 2) * sigmoid(in[0])), {a, b})
 }

@@ -63,27 +63,33 @@ std::vector<double> conv2d_reference(const Tensor& x, const Tensor& w, const Ten
 
 // Pooling by its definition: max ignores the padding (NaN wins), avg
 // divides by the window or by the input elements in it.
+// Windows past the padded input (PoolingConvention::full) count only their
+// taps inside it, as MXNet's.
 std::vector<double> pool2d_reference(const Tensor& x, bool is_max, Size2d k, Size2d s, Size2d p,
-                                     bool count_include_pad) {
+                                     bool count_include_pad, bool full = false) {
   const auto xv = x.to_vector<double>();
   const std::int64_t N = x.shape()[0], C = x.shape()[1], H = x.shape()[2], W = x.shape()[3];
-  const std::int64_t OH = out_extent(H, p.h, k.h, s.h), OW = out_extent(W, p.w, k.w, s.w);
+  auto extent = [&](std::int64_t in, std::int64_t pad, std::int64_t size, std::int64_t stride) {
+    return full ? (in + 2 * pad - size + stride - 1) / stride + 1 : out_extent(in, pad, size, stride);
+  };
+  const std::int64_t OH = extent(H, p.h, k.h, s.h), OW = extent(W, p.w, k.w, s.w);
   std::vector<double> out;
   for (std::int64_t plane = 0; plane < N * C; ++plane)
     for (std::int64_t oh = 0; oh < OH; ++oh)
       for (std::int64_t ow = 0; ow < OW; ++ow) {
         double acc = is_max ? -std::numeric_limits<double>::infinity() : 0;
-        std::int64_t count = 0;
+        std::int64_t count = 0, padded = 0;
         for (std::int64_t kh = 0; kh < k.h; ++kh)
           for (std::int64_t kw = 0; kw < k.w; ++kw) {
             const std::int64_t ih = oh * s.h - p.h + kh, iw = ow * s.w - p.w + kw;
+            padded += ih < H + p.h && iw < W + p.w;
             if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
             const double v = xv[static_cast<std::size_t>((plane * H + ih) * W + iw)];
             if (!is_max) acc += v;
             else if (!std::isnan(acc) && (v > acc || std::isnan(v))) acc = v;
             ++count;
           }
-        out.push_back(is_max ? acc : acc / static_cast<double>(count_include_pad ? k.h * k.w : count));
+        out.push_back(is_max ? acc : acc / static_cast<double>(count_include_pad ? padded : count));
       }
   return out;
 }
@@ -259,6 +265,44 @@ TEST_CASE("pooling matches the reference loop: max, average with and without the
   CHECK(max_pool2d(array<float>({1, 2, 3, 4}, {1, 1, 2, 2}), 2, 2).item<float>() == 4);
 }
 
+TEST_CASE("pooling_convention full: ceil's extra windows, which an average divides by their part in the padded input") {
+  const PoolingConvention full = PoolingConvention::full;
+  // SqueezeNet's 3x3 windows of stride 2 on 54 columns: 27 windows, not valid's 26.
+  Tensor x = random_normal({1, 2, 54, 11});
+  CHECK(max_pool2d(x, 3, 2, 0, full).shape() == Shape{1, 2, 27, 5});
+  CHECK(max_pool2d(x, 3, 2).shape() == Shape{1, 2, 26, 5});
+  struct Case {
+    Shape x;
+    Size2d kernel, stride, padding;
+  };
+  for (const Case& c : {Case{{2, 3, 10, 9}, 3, 2, 1}, Case{{1, 2, 7, 8}, {2, 3}, {1, 2}, {1, 1}},
+                        Case{{2, 1, 9, 7}, 2, 2, 0}, Case{{1, 1, 54, 54}, 3, 2, 0}}) {
+    CAPTURE(to_string(c.x));
+    CAPTURE(c.kernel);
+    for (DType d : {DType::float32, DType::float64}) {
+      Tensor in = random_normal(c.x, 0, 1, d);
+      const double tol = tolerance(d);
+      CHECK(max_error(max_pool2d(in, c.kernel, c.stride, c.padding, full).to_vector<double>(),
+                      pool2d_reference(in, true, c.kernel, c.stride, c.padding, true, true)) == 0);
+      for (bool include : {true, false})
+        CHECK(max_error(avg_pool2d(in, c.kernel, c.stride, c.padding, include, full).to_vector<double>(),
+                        pool2d_reference(in, false, c.kernel, c.stride, c.padding, include, true)) <= tol);
+    }
+  }
+  // Captured, the node says which convention, and the block computes what the op does.
+  Symbol s = max_pool2d(sym::var("x", Shape{1, 2, 54, 11}), 3, 2, 0, full);
+  CHECK(s.shape() == Shape{1, 2, 27, 5});
+  CHECK(graph::find_attr(s.node().attrs, "pooling_convention", "test") == "full");
+  nn::MaxPool2D pool(3, 2, 0, full);
+  pool.hybridize();
+  CHECK(max_error(pool(x).to_vector<double>(), max_pool2d(x, 3, 2, 0, full).to_vector<double>()) == 0);
+  // A last window that would hold padding alone is refused, not filled with -inf.
+  CHECK_THROWS_WITH_AS(max_pool2d(zeros({1, 1, 5, 5}), 1, 3, 0, full),
+                       "max_pool2d: with pooling_convention full, the last window of kernel (1, 1) and stride (3, 3) "
+                       "holds no input (input of shape (1, 1, 5, 5), padding (0, 0))",
+                       ShapeError);
+}
+
 TEST_CASE("pooling errors name the op and the shapes") {
   Tensor x = zeros({2, 3, 4, 4});
   CHECK_THROWS_WITH_AS(max_pool2d(x, 5, 1),
@@ -335,7 +379,8 @@ TEST_CASE("conv2d, pool2d and batch_norm nodes: attributes, inference and the in
                                             {"pad", "(0, 0)"},
                                             {"pool_type", "avg"},
                                             {"global_pool", "false"},
-                                            {"count_include_pad", "false"}});
+                                            {"count_include_pad", "false"},
+                                            {"pooling_convention", "valid"}});
   Symbol g = sym::var("g", Shape{4}), m = sym::var("m", Shape{4}), v = sym::var("v", Shape{4});
   Symbol normed = batch_norm(global_max_pool2d(pooled), g, b, m, v, 1e-3);
   CHECK(normed.shape() == Shape{2, 4, 1, 1});

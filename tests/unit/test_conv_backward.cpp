@@ -138,6 +138,7 @@ void check_conv_gradients(const Geometry& g, DType dtype) {
 // input elements.
 Sums pool_reference(const Tensor& dy, const Tensor& x, bool is_max, Size2d k, Size2d s, Size2d p,
                     bool count_include_pad) {
+  // A window past the padded input (pooling_convention full) divides by its part inside it.
   const auto d = dy.to_vector<double>(), xv = x.to_vector<double>();
   const std::int64_t N = x.shape()[0], C = x.shape()[1], H = x.shape()[2], W = x.shape()[3];
   const std::int64_t OH = dy.shape()[2], OW = dy.shape()[3];
@@ -146,9 +147,11 @@ Sums pool_reference(const Tensor& dy, const Tensor& x, bool is_max, Size2d k, Si
     for (std::int64_t oh = 0; oh < OH; ++oh)
       for (std::int64_t ow = 0; ow < OW; ++ow) {
         std::vector<std::size_t> window;
+        std::int64_t padded = 0;
         for (std::int64_t kh = 0; kh < k.h; ++kh)
           for (std::int64_t kw = 0; kw < k.w; ++kw) {
             const std::int64_t ih = oh * s.h - p.h + kh, iw = ow * s.w - p.w + kw;
+            padded += ih < H + p.h && iw < W + p.w;
             if (ih >= 0 && ih < H && iw >= 0 && iw < W) window.push_back(at((plane * H + ih) * W + iw));
           }
         const double g = d[at((plane * OH + oh) * OW + ow)];
@@ -159,7 +162,7 @@ Sums pool_reference(const Tensor& dy, const Tensor& x, bool is_max, Size2d k, Si
           r.value[best] += g;
           r.scale[best] += std::abs(g);
         } else {
-          const double share = g / static_cast<double>(count_include_pad ? k.h * k.w : std::ssize(window));
+          const double share = g / static_cast<double>(count_include_pad ? padded : std::ssize(window));
           for (std::size_t i : window) {
             r.value[i] += share;
             r.scale[i] += std::abs(share);
@@ -172,6 +175,7 @@ Sums pool_reference(const Tensor& dy, const Tensor& x, bool is_max, Size2d k, Si
 struct PoolCase {
   Shape x;
   Size2d kernel, stride, padding;
+  PoolingConvention convention = PoolingConvention::valid;
 };
 
 void check_pool_gradients(const PoolCase& c, DType dtype, const Tensor& given_x = {}) {
@@ -179,17 +183,16 @@ void check_pool_gradients(const PoolCase& c, DType dtype, const Tensor& given_x 
   CAPTURE(c.kernel);
   CAPTURE(c.stride);
   CAPTURE(c.padding);
+  CAPTURE(std::string(name(c.convention)));
   CAPTURE(name(dtype));
   Tensor x = given_x.defined() ? given_x : random_normal(c.x, 0, 1, dtype);
-  const std::int64_t OH = (c.x[2] + 2 * c.padding.h - c.kernel.h) / c.stride.h + 1;
-  const std::int64_t OW = (c.x[3] + 2 * c.padding.w - c.kernel.w) / c.stride.w + 1;
-  Tensor dy = random_normal({c.x[0], c.x[1], OH, OW}, 0, 1, dtype);
+  Tensor dy = random_normal(max_pool2d(x, c.kernel, c.stride, c.padding, c.convention).shape(), 0, 1, dtype);
   for (bool is_max : {true, false})
     for (bool include : {true, false}) {
       if (is_max && !include) continue;
       CAPTURE(is_max);
       CAPTURE(include);
-      Tensor dx = pool2d_backward(dy, x, is_max, c.kernel, c.stride, c.padding, include);
+      Tensor dx = pool2d_backward(dy, x, is_max, c.kernel, c.stride, c.padding, include, c.convention);
       CHECK(dx.shape() == c.x);
       CHECK(dx.dtype() == dtype);
       CHECK(scaled_error(dx.to_vector<double>(), pool_reference(dy, x, is_max, c.kernel, c.stride, c.padding,
@@ -426,6 +429,9 @@ TEST_CASE("pooling gradients match the reference loop: max, average, overlapping
       {{2, 1, 5, 5}, 5, 1, 2},     {{1, 2, 9, 7}, {2, 4}, 3, {1, 2}},
       {{1, 1, 4, 4}, 4, 4, 0},     {{2, 3, 6, 5}, {6, 5}, 1, 0},  // global
       {{2, 2, 9, 9}, 3, 1, 1},
+      // pooling_convention full: odd sizes give 2x2 windows past the input, 3x3 ones past the padding
+      {{2, 3, 7, 9}, 2, 2, 0, PoolingConvention::full}, {{1, 2, 40, 67}, 2, 2, 0, PoolingConvention::full},
+      {{2, 3, 10, 9}, 3, 2, 1, PoolingConvention::full}, {{1, 2, 8, 7}, {2, 3}, {1, 2}, {1, 1}, PoolingConvention::full},
   };
   for (const auto& c : cases)
     for (DType dtype : {DType::float32, DType::float64}) check_pool_gradients(c, dtype);
@@ -458,18 +464,23 @@ TEST_CASE("max pooling's gradient goes to the first maximum, or the first NaN, a
 }
 
 TEST_CASE("pooling gradients are the forward's derivatives (central differences, float64)") {
-  const PoolCase cases[] = {{{2, 2, 6, 6}, 2, 2, 0}, {{1, 3, 7, 6}, 3, 2, 1}, {{2, 1, 5, 7}, {2, 3}, 1, {1, 1}}};
+  const PoolCase cases[] = {{{2, 2, 6, 6}, 2, 2, 0},
+                            {{1, 3, 7, 6}, 3, 2, 1},
+                            {{2, 1, 5, 7}, {2, 3}, 1, {1, 1}},
+                            {{1, 2, 8, 7}, 3, 2, 1, PoolingConvention::full}};
   for (const auto& c : cases) {
     CAPTURE(to_string(c.x));
     Tensor x = distinct(c.x);
-    Tensor r = random_normal(max_pool2d(x, c.kernel, c.stride, c.padding).shape(), 0, 1, DType::float64);
-    auto by_max = numeric_gradient(x, r, [&](const Tensor& t) { return max_pool2d(t, c.kernel, c.stride, c.padding); }, 1e-4);
-    CHECK(max_abs_diff(pool2d_backward(r, x, true, c.kernel, c.stride, c.padding, true).to_vector<double>(), by_max) <=
-          1e-9);
+    const auto cv = c.convention;
+    Tensor r = random_normal(max_pool2d(x, c.kernel, c.stride, c.padding, cv).shape(), 0, 1, DType::float64);
+    auto by_max = numeric_gradient(
+        x, r, [&](const Tensor& t) { return max_pool2d(t, c.kernel, c.stride, c.padding, cv); }, 1e-4);
+    CHECK(max_abs_diff(pool2d_backward(r, x, true, c.kernel, c.stride, c.padding, true, cv).to_vector<double>(),
+                       by_max) <= 1e-9);
     for (bool include : {true, false}) {
       auto by_avg = numeric_gradient(
-          x, r, [&](const Tensor& t) { return avg_pool2d(t, c.kernel, c.stride, c.padding, include); }, 1e-3);
-      CHECK(max_abs_diff(pool2d_backward(r, x, false, c.kernel, c.stride, c.padding, include).to_vector<double>(),
+          x, r, [&](const Tensor& t) { return avg_pool2d(t, c.kernel, c.stride, c.padding, include, cv); }, 1e-3);
+      CHECK(max_abs_diff(pool2d_backward(r, x, false, c.kernel, c.stride, c.padding, include, cv).to_vector<double>(),
                          by_avg) <= 1e-9);
     }
   }

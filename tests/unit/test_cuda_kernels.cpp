@@ -414,6 +414,7 @@ struct PoolCase {
   Shape x;
   Size2d kernel, stride, padding;
   bool count_include_pad;
+  PoolingConvention convention = PoolingConvention::valid;
 };
 
 // A pooling (or its gradient) of geometry g on simulated threads, launched
@@ -452,14 +453,14 @@ void check_pools(const Tensor& x, const PoolCase& c, bool global, std::uint64_t 
   const Size2d kernel = global ? Size2d(c.x[2], c.x[3]) : c.kernel;
   const Size2d stride = global ? Size2d(1) : c.stride, padding = global ? Size2d(0) : c.padding;
   const bool include_pad = global || c.count_include_pad;
-  const auto g = detail::nn::pool2d_geometry("test", c.x, kernel, stride, padding);
+  const auto g = detail::nn::pool2d_geometry("test", c.x, kernel, stride, padding, c.convention);
   for (bool max : {true, false}) {
     CAPTURE(max);
     const Tensor y = global ? (max ? global_max_pool2d(x) : global_avg_pool2d(x))
-                            : (max ? max_pool2d(x, kernel, stride, padding)
-                                   : avg_pool2d(x, kernel, stride, padding, include_pad));
+                            : (max ? max_pool2d(x, kernel, stride, padding, c.convention)
+                                   : avg_pool2d(x, kernel, stride, padding, include_pad, c.convention));
     const Tensor dy = sample(d, y.shape(), seed_value);
-    const Tensor dx = pool2d_backward(dy, x, max, kernel, stride, padding, include_pad);
+    const Tensor dx = pool2d_backward(dy, x, max, kernel, stride, padding, include_pad, c.convention);
     if (max) {
       check_near(simulated_pool<true>(g, x, nullptr, include_pad), y, 0);  // a maximum is exact
       check_near(simulated_pool<true>(g, x, &dy, include_pad), dx, 0);    // and so its gradient, summed in the CPU's order
@@ -480,6 +481,10 @@ TEST_CASE("cuda kernels: max and average pooling and their gradients, run on sim
       {{2, 2, 9, 10}, 3, 2, 1, false},         // average over the input only
       {{1, 2, 7, 8}, {2, 3}, {1, 2}, {1, 1}, false},
       {{1, 1, 6, 6}, 3, 1, 0, true},
+      // pooling_convention full: last windows past the padded input, not counted by an average
+      {{2, 2, 10, 9}, 3, 2, 1, true, PoolingConvention::full},
+      {{1, 2, 7, 8}, {2, 3}, {1, 2}, {1, 1}, false, PoolingConvention::full},
+      {{2, 2, 9, 9}, 2, 2, 0, true, PoolingConvention::full},
   };
   int checked = 0;
   for (DType d : {DType::float32, DType::float64}) {
@@ -497,7 +502,7 @@ TEST_CASE("cuda kernels: max and average pooling and their gradients, run on sim
       ++checked;
     }
   }
-  CHECK(checked == 16);
+  CHECK(checked == 22);
 }
 
 TEST_CASE("cuda kernels: a max pool's gradient goes to each window's first maximum; NaN wins, its first one") {

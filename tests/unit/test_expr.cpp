@@ -295,3 +295,16 @@ TEST_CASE("bad operands: empty handles and devices are reported, nothing is corr
   CHECK_THROWS_WITH_AS(Tensor(a + b), doctest::Contains("operands live on cpu(0) and cpu(1)"), DeviceError);
   CHECK(a.to_vector<float>() == std::vector<float>{1, 1});
 }
+
+TEST_CASE("clip and relu6: limits in every dtype, NaN kept, one fused pass") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const auto clipped = Tensor(clip(array<float>({-3, -1, 0.5f, 2, 7, nan}), -1, 2)).to_vector<float>();
+  CHECK(std::vector<float>(clipped.begin(), clipped.end() - 1) == std::vector<float>{-1, -1, 0.5f, 2, 2});
+  CHECK(std::isnan(clipped.back()));
+  CHECK(Tensor(relu6(array<float>({-1, 3, 9}))).to_vector<float>() == std::vector<float>{0, 3, 6});
+  // The bounds are weak scalars: an integer tensor stays integer, and a float bound does not widen float32.
+  const Tensor ints = clip(array<int>({-5, 5, 50}), 0, 10);
+  CHECK(ints.dtype() == DType::int32);
+  CHECK(ints.to_vector<int>() == std::vector<int>{0, 5, 10});
+  CHECK(Tensor(clip(array<float>({1}), 0.0, 0.5)).dtype() == DType::float32);
+}

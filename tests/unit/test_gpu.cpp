@@ -463,19 +463,22 @@ TEST_SUITE("gpu" * doctest::skip()) {
       // Few distinct values: windows hold their maximum more than once, and the gradient goes to the first.
       const Tensor x = random_uniform({4, 3, 13, 14}, 0, 4, DType::float64).astype(DType::int32).astype(d);
       const Tensor gx = x.to(cuda(0));
-      for (const auto& [kernel, stride, padding] : std::vector<std::tuple<Size2d, Size2d, Size2d>>{
-               {2, 2, 0}, {3, 2, 1}, {{2, 3}, {1, 2}, {1, 1}}}) {
+      const PoolingConvention valid = PoolingConvention::valid, full = PoolingConvention::full;
+      for (const auto& [kernel, stride, padding, cv] :
+           std::vector<std::tuple<Size2d, Size2d, Size2d, PoolingConvention>>{
+               {2, 2, 0, valid}, {3, 2, 1, valid}, {{2, 3}, {1, 2}, {1, 1}, valid}, {2, 2, 0, full}, {3, 2, 1, full}}) {
         CAPTURE(kernel);
-        const Tensor m = max_pool2d(x, kernel, stride, padding);
-        same(max_pool2d(gx, kernel, stride, padding), m, 0);
+        CAPTURE(std::string(name(cv)));
+        const Tensor m = max_pool2d(x, kernel, stride, padding, cv);
+        same(max_pool2d(gx, kernel, stride, padding, cv), m, 0);
         const Tensor dm = random_normal(m.shape(), 0, 1, d);
-        same(pool2d_backward(dm.to(cuda(0)), gx, true, kernel, stride, padding, true),
-             pool2d_backward(dm, x, true, kernel, stride, padding, true), 0);
+        same(pool2d_backward(dm.to(cuda(0)), gx, true, kernel, stride, padding, true, cv),
+             pool2d_backward(dm, x, true, kernel, stride, padding, true, cv), 0);
         for (bool include_pad : {true, false}) {
-          same(avg_pool2d(gx, kernel, stride, padding, include_pad), avg_pool2d(x, kernel, stride, padding, include_pad),
-               tolerance);
-          same(pool2d_backward(dm.to(cuda(0)), gx, false, kernel, stride, padding, include_pad),
-               pool2d_backward(dm, x, false, kernel, stride, padding, include_pad), tolerance);
+          same(avg_pool2d(gx, kernel, stride, padding, include_pad, cv),
+               avg_pool2d(x, kernel, stride, padding, include_pad, cv), tolerance);
+          same(pool2d_backward(dm.to(cuda(0)), gx, false, kernel, stride, padding, include_pad, cv),
+               pool2d_backward(dm, x, false, kernel, stride, padding, include_pad, cv), tolerance);
         }
       }
       same(global_max_pool2d(gx), global_max_pool2d(x), 0);

@@ -123,4 +123,17 @@ auto where(C&& c, A&& a, B&& b) {
   return apply_op<op::where>(static_cast<C&&>(c), static_cast<A&&>(a), static_cast<B&&>(b));
 }
 
+// x limited to [low, high] (MXNet's clip): the maximum with low, then the
+// minimum with high, so it fuses, runs on a GPU and differentiates as those
+// do (the gradient passes where low <= x <= high); an exported graph holds
+// MXNet's `_maximum_scalar` and `_minimum_scalar`. relu6 is MobileNet v2's.
+template <array_like X, class Low, class High>
+auto clip(X&& x, Low&& low, High&& high) {
+  return minimum(maximum(static_cast<X&&>(x), static_cast<Low&&>(low)), static_cast<High&&>(high));
+}
+template <array_like X>
+auto relu6(X&& x) {
+  return clip(static_cast<X&&>(x), 0, 6);
+}
+
 }  // namespace hybra

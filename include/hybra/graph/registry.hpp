@@ -200,6 +200,9 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
       fail<ValueError>(op, ": attribute ", key, " '", find_attr(a, key, op), "' is not a (height, width) pair");
     return Size2d(v[0], v[1]);
   };
+  static constexpr auto pooling_convention = [](A a, std::string_view op) {
+    return parse_pooling_convention(find_attr(a, "pooling_convention", op), op);
+  };
   // kernel, num_filter and no_bias restate the weight's and bias's shapes (MXNet's Convolution needs them).
   def("conv2d", -1, [](T in, A a) {
     const bool no_bias = parse_bool(find_attr(a, "no_bias", "conv2d"), "conv2d");
@@ -225,14 +228,17 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
       return type == "max" ? global_max_pool2d(in[0]) : global_avg_pool2d(in[0]);
     const Size2d kernel = size2d(a, "kernel", "pool2d"), stride = size2d(a, "stride", "pool2d");
     const Size2d pad = size2d(a, "pad", "pool2d");
-    if (type == "max") return max_pool2d(in[0], kernel, stride, pad);
-    return avg_pool2d(in[0], kernel, stride, pad, parse_bool(find_attr(a, "count_include_pad", "pool2d"), "pool2d"));
+    const PoolingConvention convention = pooling_convention(a, "pool2d");
+    if (type == "max") return max_pool2d(in[0], kernel, stride, pad, convention);
+    return avg_pool2d(in[0], kernel, stride, pad, parse_bool(find_attr(a, "count_include_pad", "pool2d"), "pool2d"),
+                      convention);
   }, nullptr, [](T in, const Tensor&, A a, Gpu gpu) {
     const bool global = parse_bool(find_attr(a, "global_pool", "pool2d"), "pool2d");
     return hybra::detail::nn::cuda_pool2d_launch(
         in[0], find_attr(a, "pool_type", "pool2d") == "max", global, global ? 1 : size2d(a, "kernel", "pool2d"),
         global ? 1 : size2d(a, "stride", "pool2d"), global ? 0 : size2d(a, "pad", "pool2d"),
-        global || parse_bool(find_attr(a, "count_include_pad", "pool2d"), "pool2d"), gpu);
+        global || parse_bool(find_attr(a, "count_include_pad", "pool2d"), "pool2d"),
+        global ? PoolingConvention::valid : pooling_convention(a, "pool2d"), gpu);
   });
   def("batch_norm", 5, [](T in, A a) {
     return batch_norm(in[0], in[1], in[2], in[3], in[4], parse_double(find_attr(a, "eps", "batch_norm"), "batch_norm"),
@@ -287,20 +293,22 @@ HYBRA_SEPARABLE std::vector<OpDef> op_defs() {
     if (parse_bool(find_attr(a, "global_pool", op), op)) {
       const Shape& s = in[1].shape();
       if (s.size() != 4) fail<ShapeError>(op, ": input of shape ", hybra::to_string(s), " is not 4-d");
-      return pool2d_backward(in[0], in[1], max, Size2d(s[2], s[3]), 1, 0, true);
+      return pool2d_backward(in[0], in[1], max, Size2d(s[2], s[3]), 1, 0, true, PoolingConvention::valid);
     }
     return pool2d_backward(in[0], in[1], max, size2d(a, "kernel", op), size2d(a, "stride", op), size2d(a, "pad", op),
-                           parse_bool(find_attr(a, "count_include_pad", op), op));
+                           parse_bool(find_attr(a, "count_include_pad", op), op), pooling_convention(a, op));
   }, nullptr, [](T in, const Tensor&, A a, Gpu gpu) {
     constexpr std::string_view op = "pool2d_backward";
     const bool max = find_attr(a, "pool_type", op) == "max";
     if (parse_bool(find_attr(a, "global_pool", op), op)) {
       const Shape& s = in[1].shape();
-      return hybra::detail::nn::cuda_pool2d_backward_launch(in, max, Size2d(s[2], s[3]), 1, 0, true, gpu);
+      return hybra::detail::nn::cuda_pool2d_backward_launch(in, max, Size2d(s[2], s[3]), 1, 0, true,
+                                                            PoolingConvention::valid, gpu);
     }
     return hybra::detail::nn::cuda_pool2d_backward_launch(in, max, size2d(a, "kernel", op), size2d(a, "stride", op),
                                                           size2d(a, "pad", op),
-                                                          parse_bool(find_attr(a, "count_include_pad", op), op), gpu);
+                                                          parse_bool(find_attr(a, "count_include_pad", op), op),
+                                                          pooling_convention(a, op), gpu);
   });
   return defs;
 }

@@ -302,8 +302,9 @@ Symbol dropout(X&& x, double rate) {
 
 namespace graph::detail {
 inline Symbol pool2d(std::string type, bool global, const Symbol& x, Size2d kernel, Size2d stride, Size2d padding,
-                     bool count_include_pad) {
-  return make_symbol("pool2d", pool2d_attrs(std::move(type), global, kernel, stride, padding, count_include_pad), {x});
+                     bool count_include_pad, PoolingConvention convention) {
+  return make_symbol("pool2d",
+                     pool2d_attrs(std::move(type), global, kernel, stride, padding, count_include_pad, convention), {x});
 }
 }  // namespace graph::detail
 
@@ -319,20 +320,22 @@ Symbol conv2d(X&& x, const Symbol& weight, const Symbol& bias = {}, Size2d strid
   return graph::make_symbol("conv2d", std::move(attrs), std::move(in));
 }
 template <symbol_like X>
-Symbol max_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0) {
-  return graph::detail::pool2d("max", false, to_symbol(x), kernel, stride, padding, true);
+Symbol max_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0,
+                  PoolingConvention convention = PoolingConvention::valid) {
+  return graph::detail::pool2d("max", false, to_symbol(x), kernel, stride, padding, true, convention);
 }
 template <symbol_like X>
-Symbol avg_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0, bool count_include_pad = true) {
-  return graph::detail::pool2d("avg", false, to_symbol(x), kernel, stride, padding, count_include_pad);
+Symbol avg_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0, bool count_include_pad = true,
+                  PoolingConvention convention = PoolingConvention::valid) {
+  return graph::detail::pool2d("avg", false, to_symbol(x), kernel, stride, padding, count_include_pad, convention);
 }
 template <symbol_like X>
 Symbol global_avg_pool2d(X&& x) {
-  return graph::detail::pool2d("avg", true, to_symbol(x), 1, 1, 0, true);
+  return graph::detail::pool2d("avg", true, to_symbol(x), 1, 1, 0, true, PoolingConvention::valid);
 }
 template <symbol_like X>
 Symbol global_max_pool2d(X&& x) {
-  return graph::detail::pool2d("max", true, to_symbol(x), 1, 1, 0, true);
+  return graph::detail::pool2d("max", true, to_symbol(x), 1, 1, 0, true, PoolingConvention::valid);
 }
 template <symbol_like X>
 Symbol batch_norm(X&& x, const Symbol& gamma, const Symbol& beta, const Symbol& running_mean,

@@ -41,20 +41,29 @@ inline std::optional<std::string> get(const Attrs& a, std::string_view key) {
 }
 
 // An MXNet node being read: its attrs with MXNet's defaults, and errors that
-// name the file and the node.
+// name the file and the node. It keeps the keys its row asked for: an attr no
+// row reads would be silently ignored, so from_mxnet refuses it instead.
 struct Reading {
   std::string_view file;
   std::size_t index;
   const SymbolNode& node;
   std::span<const Symbol> inputs;
+  std::vector<std::string>& asked;
 
   [[noreturn]] void reject(std::string_view why) const {
     fail<FormatError>("model file '", file, "': node ", index, " '", node.name, "' (", node.op, "): ", why);
   }
   std::optional<std::string> attr(std::string_view key) const {
+    asked.emplace_back(key);
     auto v = get(node.attrs, key);
     if (v && *v == "None") return std::nullopt;
     return v;
+  }
+  // An attr hybra reads only in one value (MXNet's default, or what hybra computes).
+  void require(std::string_view key, std::string_view expected, std::string_view fallback) const {
+    const std::string v = attr(key).value_or(std::string(fallback));
+    if (v != expected)
+      reject("attr '" + std::string(key) + "' = '" + v + "' is not supported (only '" + std::string(expected) + "')");
   }
   template <class Parse>
   auto parsed(std::string_view key, Parse parse) const -> std::optional<decltype(parse(std::string_view{}))> {
@@ -226,6 +235,14 @@ inline std::vector<OpRow> elementwise_rows() {
     rows.push_back(OpRow{"", {e.scalar}, nullptr, scalar_read(false)});
     if (!e.reversed.empty()) rows.push_back(OpRow{"", {e.reversed}, nullptr, scalar_read(true)});
   }
+  // clip is maximum then minimum with scalars (hybra::clip), written as MXNet's two scalar ops.
+  rows.push_back(OpRow{"", {"clip"}, nullptr, [](const Reading& r) {
+                         r.arity(1, 1);
+                         if (!r.attr("a_min") || !r.attr("a_max")) r.reject("attrs 'a_min' and 'a_max' are needed");
+                         const Symbol low = graph::scalar_symbol(r.real("a_min", 0));
+                         const Symbol high = graph::scalar_symbol(r.real("a_max", 0));
+                         return r.make("minimum", {}, {r.make("maximum", {}, {r.inputs[0], low}), high});
+                       }});
   for (std::string_view unary : {"negative", "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu"}) {
     rows.push_back(OpRow{unary, {unary},
                          [unary](const Writing& w) { return keep_all(w, std::string(unary)); },
@@ -373,6 +390,9 @@ HYBRA_SEPARABLE std::vector<OpRow> op_rows() {
                        },
                        [](const Reading& r) {
                          r.arity(1, static_cast<std::size_t>(-1));
+                         if (r.integer("num_args", static_cast<std::int64_t>(r.inputs.size())) !=
+                             static_cast<std::int64_t>(r.inputs.size()))
+                           r.reject("attr 'num_args' does not match its " + std::to_string(r.inputs.size()) + " inputs");
                          return r.make("concat", {{"axis", graph::attr_text(r.integer("dim", 1))}});
                        }});
   rows.push_back(OpRow{"astype", {"Cast", "cast"},
@@ -406,12 +426,18 @@ HYBRA_SEPARABLE std::vector<OpRow> op_rows() {
                          const bool no_bias = r.flag("no_bias", false);
                          r.arity(no_bias ? 2 : 3, no_bias ? 2 : 3);
                          if (!r.flag("flatten", true)) r.reject("flatten=False is not supported");
+                         const auto hidden = r.integer("num_hidden", 0);
+                         if (r.inputs[1].has_shape() && !r.inputs[1].shape().empty() && r.inputs[1].shape()[0] != hidden)
+                           r.reject("attr 'num_hidden' = " + std::to_string(hidden) + " does not match weight of shape " +
+                                    to_string(r.inputs[1].shape()));
                          return r.make("fully_connected");
                        }});
   rows.push_back(OpRow{"dropout", {"Dropout"},
                        [](const Writing& w) { return keep_all(w, "Dropout", {{"p", w.attr("rate")}, {"mode", "training"}}); },
                        [](const Reading& r) {
                          r.arity(1, 1);
+                         r.require("mode", "training", "training");  // 'always' drops while predicting too
+                         r.require("axes", "()", "()");              // one mask shared along axes
                          return r.make("dropout", {{"rate", graph::attr_text(r.real("p", 0.5))}});
                        }});
   rows.push_back(OpRow{"conv2d", {"Convolution"},
@@ -436,7 +462,6 @@ HYBRA_SEPARABLE std::vector<OpRow> op_rows() {
   rows.push_back(OpRow{"pool2d", {"Pooling"},
                        [](const Writing& w) {
                          Attrs a = mx_attrs(w.node.attrs);
-                         a.emplace_back("pooling_convention", "valid");
                          a.emplace_back("layout", "NCHW");
                          return keep_all(w, "Pooling", std::move(a));
                        },
@@ -447,15 +472,16 @@ HYBRA_SEPARABLE std::vector<OpRow> op_rows() {
                          const std::string type = r.attr("pool_type").value_or("max");
                          if (type != "max" && type != "avg") r.reject("pool_type '" + type + "' is not supported (max or avg)");
                          const std::string convention = r.attr("pooling_convention").value_or("valid");
-                         if (!global && convention != "valid")
-                           r.reject("pooling_convention '" + convention + "' is not supported (valid)");
+                         if (convention != "valid" && convention != "full")
+                           r.reject("pooling_convention '" + convention + "' is not supported (valid or full)");
                          if (!global && !r.tuple("kernel")) r.reject("attr 'kernel' is missing");
                          return r.make("pool2d", {{"kernel", r.window("kernel", 1)},
                                                   {"stride", r.window("stride", 1)},
                                                   {"pad", r.window("pad", 0)},
                                                   {"pool_type", type},
                                                   {"global_pool", graph::attr_text(global)},
-                                                  {"count_include_pad", graph::attr_text(r.flag("count_include_pad", true))}});
+                                                  {"count_include_pad", graph::attr_text(r.flag("count_include_pad", true))},
+                                                  {"pooling_convention", global ? "valid" : convention}});
                        }});
   rows.push_back(OpRow{"batch_norm", {"BatchNorm"},
                        [](const Writing& w) {
@@ -472,6 +498,10 @@ HYBRA_SEPARABLE std::vector<OpRow> op_rows() {
                        [](const Reading& r) {
                          r.arity(5, 5);
                          if (r.flag("output_mean_var", false)) r.reject("output_mean_var=True is not supported");
+                         // Training with the running statistics instead of the batch's.
+                         if (r.flag("use_global_stats", false)) r.reject("use_global_stats=True is not supported");
+                         // How a training step would update the running statistics: not part of the graph.
+                         r.attr("momentum");
                          std::vector<Symbol> in(r.inputs.begin(), r.inputs.end());
                          if (r.flag("fix_gamma", true)) {
                            if (!in[1].has_shape()) r.reject("fix_gamma=True needs the shape of gamma (give the parameter file)");
@@ -501,6 +531,13 @@ inline const OpTable& op_table() {
     return t;
   }();
   return table;
+}
+
+// Attrs that choose how MXNet computes, not what (cuDNN's use and its
+// workspace); `__name__` attrs are the user's notes (learning-rate
+// multipliers, initialisers).
+inline bool without_effect(std::string_view key) {
+  return key == "cudnn_off" || key == "cudnn_tune" || key == "workspace";
 }
 
 // MXNet's dtype names in the `__dtype__` attr are its numeric codes.
@@ -594,7 +631,12 @@ inline std::vector<Symbol> from_mxnet(const SymbolFile& file, std::string_view f
     auto row = op_table().by_mxnet.find(n.op);
     if (row == op_table().by_mxnet.end())
       fail<FormatError>("model file '", file_name, "': node ", i, " '", n.name, "': op '", n.op, "' is not supported by hybra");
-    Symbol value = row->second->read(Reading{file_name, i, n, in});
+    std::vector<std::string> asked;
+    const Reading reading{file_name, i, n, in, asked};
+    Symbol value = row->second->read(reading);
+    for (const auto& [key, text] : n.attrs)
+      if (!key.starts_with("__") && !without_effect(key) && std::find(asked.begin(), asked.end(), key) == asked.end())
+        reading.reject("attr '" + key + "' = '" + text + "' is not supported");
     if (value.node().op != "var" && value.node().name.empty()) {
       // The node keeps the file's name, so that outputs keep theirs.
       auto named = std::make_shared<graph::SymNode>(value.node());

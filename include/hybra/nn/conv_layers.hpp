@@ -78,23 +78,27 @@ inline Size2d pool_strides(Size2d strides, Size2d pool_size) {
 }
 }  // namespace detail
 
-// Max over pool_size windows moved by strides (0, the default: pool_size).
+// Max over pool_size windows moved by strides (0, the default: pool_size);
+// PoolingConvention::full is Gluon's ceil_mode=True.
 class MaxPool2D : public HybridBlock<MaxPool2D> {
  public:
-  explicit MaxPool2D(Size2d pool_size = 2, Size2d strides = 0, Size2d padding = 0)
+  explicit MaxPool2D(Size2d pool_size = 2, Size2d strides = 0, Size2d padding = 0,
+                     PoolingConvention convention = PoolingConvention::valid)
       : HybridBlock("pool"),
         pool_size_(pool_size),
         strides_(detail::pool_strides(strides, pool_size)),
-        padding_(padding) {
+        padding_(padding),
+        convention_(convention) {
     hybra::detail::nn::require_pool_window("MaxPool2D", pool_size_, strides_, padding_);
   }
   template <class F>
   F hybrid_forward(const F& x) {
-    return max_pool2d(x, pool_size_, strides_, padding_);
+    return max_pool2d(x, pool_size_, strides_, padding_, convention_);
   }
 
  private:
   Size2d pool_size_, strides_, padding_;
+  PoolingConvention convention_;
 };
 
 // Average over pool_size windows moved by strides (0, the default:
@@ -102,22 +106,25 @@ class MaxPool2D : public HybridBlock<MaxPool2D> {
 // by the input elements in it.
 class AvgPool2D : public HybridBlock<AvgPool2D> {
  public:
-  explicit AvgPool2D(Size2d pool_size = 2, Size2d strides = 0, Size2d padding = 0, bool count_include_pad = true)
+  explicit AvgPool2D(Size2d pool_size = 2, Size2d strides = 0, Size2d padding = 0, bool count_include_pad = true,
+                     PoolingConvention convention = PoolingConvention::valid)
       : HybridBlock("pool"),
         pool_size_(pool_size),
         strides_(detail::pool_strides(strides, pool_size)),
         padding_(padding),
-        count_include_pad_(count_include_pad) {
+        count_include_pad_(count_include_pad),
+        convention_(convention) {
     hybra::detail::nn::require_pool_window("AvgPool2D", pool_size_, strides_, padding_);
   }
   template <class F>
   F hybrid_forward(const F& x) {
-    return avg_pool2d(x, pool_size_, strides_, padding_, count_include_pad_);
+    return avg_pool2d(x, pool_size_, strides_, padding_, count_include_pad_, convention_);
   }
 
  private:
   Size2d pool_size_, strides_, padding_;
   bool count_include_pad_;
+  PoolingConvention convention_;
 };
 
 // (N, C, H, W) -> (N, C, 1, 1): the average of each plane.

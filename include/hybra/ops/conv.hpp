@@ -1,7 +1,7 @@
 #pragma once
 // The ops of convolutional networks, on NCHW tensors of float32 or float64:
 // conv2d (MXNet's Convolution), max and average pooling and their global
-// forms (MXNet's Pooling, pooling_convention "valid") and batch_norm (MXNet's
+// forms (MXNet's Pooling) and batch_norm (MXNet's
 // BatchNorm in its inference form).
 //
 // conv2d multiplies the filters (F x K, K = channels per group x kernel
@@ -55,6 +55,19 @@ struct Size2d {
 };
 
 inline std::ostream& operator<<(std::ostream& os, Size2d s) { return os << '(' << s.h << ", " << s.w << ')'; }
+
+// How a pooling counts its windows along an axis (MXNet's
+// pooling_convention): `valid`, those that fit in the padded input (floor);
+// `full`, also a last one that runs past its end (ceil: Gluon's and PyTorch's
+// ceil_mode), its overhang holding no input and not counted by an average.
+enum class PoolingConvention { valid, full };
+
+inline std::string_view name(PoolingConvention c) { return c == PoolingConvention::full ? "full" : "valid"; }
+inline PoolingConvention parse_pooling_convention(std::string_view text, std::string_view op) {
+  if (text == "valid") return PoolingConvention::valid;
+  if (text == "full") return PoolingConvention::full;
+  fail<ValueError>(op, ": pooling_convention '", text, "' is not valid or full");
+}
 
 namespace detail::nn {
 
@@ -117,7 +130,7 @@ inline void require_pool_window(std::string_view op, Size2d kernel, Size2d strid
 }
 
 inline Pool2dGeometry pool2d_geometry(std::string_view op, const Shape& x, Size2d kernel, Size2d stride,
-                                      Size2d padding) {
+                                      Size2d padding, PoolingConvention convention = PoolingConvention::valid) {
   require_4d(op, x);
   require_pool_window(op, kernel, stride, padding);
   Pool2dGeometry g{x[0], x[1], x[2], x[3], kernel.h, kernel.w, 0, 0, stride.h, stride.w, padding.h, padding.w};
@@ -127,6 +140,14 @@ inline Pool2dGeometry pool2d_geometry(std::string_view op, const Shape& x, Size2
                      ")");
   g.OH = window_count(g.H, g.ph, g.KH, g.sh);
   g.OW = window_count(g.W, g.pw, g.KW, g.sw);
+  if (convention == PoolingConvention::full) {
+    g.OH += (g.H + 2 * g.ph - g.KH) % g.sh != 0;
+    g.OW += (g.W + 2 * g.pw - g.KW) % g.sw != 0;
+    // MXNet would give such a window the identity (-inf for a max).
+    if ((g.OH - 1) * g.sh - g.ph >= g.H || (g.OW - 1) * g.sw - g.pw >= g.W)
+      fail<ShapeError>(op, ": with pooling_convention full, the last window of kernel ", kernel, " and stride ",
+                       stride, " holds no input (input of shape ", to_string(x), ", padding ", padding, ")");
+  }
   return g;
 }
 
@@ -588,16 +609,20 @@ inline void pool_columns(const T* src, T* dst, std::int64_t n, std::int64_t stri
 // even width) the second pass runs over the whole plane at once.
 template <class T, bool Max>
 void pool2d(const T* x, T* out, const Pool2dGeometry& g, bool count_include_pad) {
-  const std::int64_t planes = g.N * g.C, Wp = g.W + 2 * g.pw, P = g.OH * g.OW;
+  const std::int64_t planes = g.N * g.C, P = g.OH * g.OW;
+  // A `full` pooling's last window may run past the right padding.
+  const std::int64_t Wp = std::max(g.W + 2 * g.pw, (g.OW - 1) * g.sw + g.KW);
   if (planes == 0 || P == 0) return;
   const T identity = Max ? -std::numeric_limits<T>::infinity() : T(0);
   const bool flat = Wp == g.OW * g.sw;
-  // Without count_include_pad: how many input columns each output column's windows hold.
-  std::vector<T> widths(static_cast<std::size_t>(g.OW));
-  for (std::int64_t ow = 0; ow < g.OW; ++ow) {
-    const std::int64_t left = ow * g.sw - g.pw;
-    widths[static_cast<std::size_t>(ow)] = static_cast<T>(std::min(g.W, left + g.KW) - std::max<std::int64_t>(0, left));
-  }
+  // What an average divides by: each output column's part, each output row's part.
+  std::vector<T> widths(static_cast<std::size_t>(g.OW)), heights(static_cast<std::size_t>(g.OH));
+  for (std::int64_t ow = 0; ow < g.OW; ++ow)
+    widths[static_cast<std::size_t>(ow)] =
+        static_cast<T>(pool_divisor_extent(ow * g.sw - g.pw, g.KW, g.W, g.pw, count_include_pad));
+  for (std::int64_t oh = 0; oh < g.OH; ++oh)
+    heights[static_cast<std::size_t>(oh)] =
+        static_cast<T>(pool_divisor_extent(oh * g.sh - g.ph, g.KH, g.H, g.ph, count_include_pad));
   std::atomic<bool> failed{false};
   backend::cpu::parallel_for(planes, P * g.KH * g.KW, [&](std::int64_t first, std::int64_t last) {
     ThreadBuffer<T> rows(g.OH * Wp + g.KW, failed);
@@ -638,15 +663,8 @@ void pool2d(const T* x, T* out, const Pool2dGeometry& g, bool count_include_pad)
         else pool_columns<T, Max, 0>(src, dst, n, g.sw, g.KW);
       }
       if constexpr (!Max) {
-        if (count_include_pad) {
-          const T count = static_cast<T>(g.KH * g.KW);
-#pragma omp simd
-          for (std::int64_t q = 0; q < P; ++q) op[q] /= count;
-          continue;
-        }
         for (std::int64_t oh = 0; oh < g.OH; ++oh) {
-          const std::int64_t top = oh * g.sh - g.ph;
-          const T height = static_cast<T>(std::min(g.H, top + g.KH) - std::max<std::int64_t>(0, top));
+          const T height = heights[static_cast<std::size_t>(oh)];
           T* dst = op + oh * g.OW;
 #pragma omp simd
           for (std::int64_t ow = 0; ow < g.OW; ++ow) dst[ow] /= height * widths[static_cast<std::size_t>(ow)];
@@ -750,12 +768,12 @@ inline std::optional<jit::CudaLaunch> cuda_conv2d_launch(std::span<const Tensor>
 // A pooling of x (global: over each whole plane).
 inline std::optional<jit::CudaLaunch> cuda_pool2d_launch(const Tensor& x, bool max, bool global, Size2d kernel,
                                                          Size2d stride, Size2d padding, bool count_include_pad,
-                                                         backend::cuda::Gpu& gpu) {
+                                                         PoolingConvention convention, backend::cuda::Gpu& gpu) {
   const auto dtype = launch_dtype(std::span(&x, 1));
   if (!dtype) return std::nullopt;
   const std::string_view op = max ? "max_pool2d" : "avg_pool2d";
   const Pool2dGeometry g = global ? pool2d_geometry(op, x.shape(), Size2d(x.shape()[2], x.shape()[3]), 1, 0)
-                                  : pool2d_geometry(op, x.shape(), kernel, stride, padding);
+                                  : pool2d_geometry(op, x.shape(), kernel, stride, padding, convention);
   return jit::cuda_pool2d_launch(max, false, g, count_include_pad, *dtype, gpu);
 }
 
@@ -802,9 +820,10 @@ inline Tensor conv2d_op(Tensor x, const Tensor& weight, const Tensor& bias, Size
 }
 
 template <bool Max>
-Tensor pool2d_op(std::string_view op, Tensor x, Size2d kernel, Size2d stride, Size2d padding, bool count_include_pad) {
+Tensor pool2d_op(std::string_view op, Tensor x, Size2d kernel, Size2d stride, Size2d padding, bool count_include_pad,
+                 PoolingConvention convention) {
   x.require(op.data());
-  const Pool2dGeometry g = pool2d_geometry(op, x.shape(), kernel, stride, padding);
+  const Pool2dGeometry g = pool2d_geometry(op, x.shape(), kernel, stride, padding, convention);
   x = float_operands<1>(op, {x})[0];
   Tensor out({g.N, g.C, g.OH, g.OW}, x.dtype(), x.device());
   if (x.device().kind == DeviceKind::cuda) {
@@ -832,7 +851,9 @@ Tensor global_pool2d_op(std::string_view op, Tensor x) {
   x = float_operands<1>(op, {x})[0];
   Tensor out({x.shape()[0], x.shape()[1], 1, 1}, x.dtype(), x.device());
   if (x.device().kind == DeviceKind::cuda) {
-    jit::push_cuda_launch(op, {x}, out, *cuda_pool2d_launch(x, Max, true, 1, 1, 0, true, backend::cuda::gpu(x.device().id)));
+    jit::push_cuda_launch(op, {x}, out,
+                          *cuda_pool2d_launch(x, Max, true, 1, 1, 0, true, PoolingConvention::valid,
+                                              backend::cuda::gpu(x.device().id)));
     return out;
   }
   push_op(op, {x}, {out}, [x, out] {
@@ -904,13 +925,14 @@ inline graph::Attrs conv2d_attrs(const Shape& weight, Size2d stride, Size2d padd
           {"no_bias", graph::attr_text(!has_bias)}};
 }
 inline graph::Attrs pool2d_attrs(std::string type, bool global, Size2d kernel, Size2d stride, Size2d padding,
-                                 bool count_include_pad) {
+                                 bool count_include_pad, PoolingConvention convention) {
   return {{"kernel", size2d_text(kernel)},
           {"stride", size2d_text(stride)},
           {"pad", size2d_text(padding)},
           {"pool_type", std::move(type)},
           {"global_pool", graph::attr_text(global)},
-          {"count_include_pad", graph::attr_text(count_include_pad)}};
+          {"count_include_pad", graph::attr_text(count_include_pad)},
+          {"pooling_convention", std::string(name(convention))}};
 }
 inline graph::Attrs batch_norm_attrs(double eps, std::int64_t axis) {
   return {{"eps", graph::attr_text(eps)}, {"axis", graph::attr_text(axis)}};
@@ -932,23 +954,27 @@ Tensor conv2d(X&& x, const Tensor& weight, const Tensor& bias = {}, Size2d strid
   });
 }
 
-// MXNet's Pooling (pooling_convention "valid": OH = floor((H + 2 padding -
-// kernel) / stride) + 1), NCHW. Max pooling ignores the padding; average
-// pooling divides by the whole window (count_include_pad) or by the input
-// elements it holds. The padding must be smaller than the kernel.
+// MXNet's Pooling, NCHW: OH = floor((H + 2 padding - kernel) / stride) + 1
+// (and OW alike), or ceil for PoolingConvention::full. Max pooling ignores the
+// padding; average pooling divides by the window up to the end of the padded
+// input (count_include_pad) or by the input elements it holds. The padding
+// must be smaller than the kernel, and every window must hold input.
 template <tensor_like X>
-Tensor max_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0) {
+Tensor max_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0,
+                  PoolingConvention convention = PoolingConvention::valid) {
   Tensor data = eval(x);
   autograd::op_record rec("pool2d", {data});
-  return rec.output(detail::nn::pool2d_op<true>("max_pool2d", data, kernel, stride, padding, true),
-                    [&] { return pool2d_attrs("max", false, kernel, stride, padding, true); });
+  return rec.output(detail::nn::pool2d_op<true>("max_pool2d", data, kernel, stride, padding, true, convention),
+                    [&] { return pool2d_attrs("max", false, kernel, stride, padding, true, convention); });
 }
 template <tensor_like X>
-Tensor avg_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0, bool count_include_pad = true) {
+Tensor avg_pool2d(X&& x, Size2d kernel, Size2d stride, Size2d padding = 0, bool count_include_pad = true,
+                  PoolingConvention convention = PoolingConvention::valid) {
   Tensor data = eval(x);
   autograd::op_record rec("pool2d", {data});
-  return rec.output(detail::nn::pool2d_op<false>("avg_pool2d", data, kernel, stride, padding, count_include_pad),
-                    [&] { return pool2d_attrs("avg", false, kernel, stride, padding, count_include_pad); });
+  return rec.output(
+      detail::nn::pool2d_op<false>("avg_pool2d", data, kernel, stride, padding, count_include_pad, convention),
+      [&] { return pool2d_attrs("avg", false, kernel, stride, padding, count_include_pad, convention); });
 }
 // Over each whole (H, W) plane: (N, C, H, W) -> (N, C, 1, 1).
 template <tensor_like X>
@@ -956,14 +982,14 @@ Tensor global_avg_pool2d(X&& x) {
   Tensor data = eval(x);
   autograd::op_record rec("pool2d", {data});
   return rec.output(detail::nn::global_pool2d_op<false>("global_avg_pool2d", data),
-                    [] { return pool2d_attrs("avg", true, 1, 1, 0, true); });
+                    [] { return pool2d_attrs("avg", true, 1, 1, 0, true, PoolingConvention::valid); });
 }
 template <tensor_like X>
 Tensor global_max_pool2d(X&& x) {
   Tensor data = eval(x);
   autograd::op_record rec("pool2d", {data});
   return rec.output(detail::nn::global_pool2d_op<true>("global_max_pool2d", data),
-                    [] { return pool2d_attrs("max", true, 1, 1, 0, true); });
+                    [] { return pool2d_attrs("max", true, 1, 1, 0, true, PoolingConvention::valid); });
 }
 
 // MXNet's BatchNorm in its inference form, along `axis` (1: NCHW's channels):

@@ -34,7 +34,7 @@
 //
 // Pooling. Max pooling recomputes each window's first maximum (a NaN wins,
 // its first one, as the forward's max) and adds dy there; 2x2 windows with
-// stride 2 and no padding (LeNet's) go eight windows at a time, writing
+// stride 2 and no padding that stay inside the input (LeNet's) go eight windows at a time, writing
 // every element of dx once. Average pooling spreads dy / divisor along each
 // window's columns into a row, then adds that row to the window's rows.
 #include <algorithm>
@@ -757,11 +757,12 @@ void avg_pool_backward_plane(const T* dyp, T* dxp, T* row, const Pool2dGeometry&
   for (std::int64_t oh = 0; oh < g.OH; ++oh) {
     const std::int64_t h0 = oh * g.sh - g.ph;
     const std::int64_t hs = std::max<std::int64_t>(h0, 0), he = std::min(h0 + g.KH, g.H);
+    const std::int64_t height = pool_divisor_extent(h0, g.KH, g.H, g.ph, count_include_pad);
     std::fill_n(row, g.W, T(0));
     for (std::int64_t ow = 0; ow < g.OW; ++ow) {
       const std::int64_t w0 = ow * g.sw - g.pw;
       const std::int64_t ws = std::max<std::int64_t>(w0, 0), we = std::min(w0 + g.KW, g.W);
-      const std::int64_t divisor = count_include_pad ? g.KH * g.KW : (he - hs) * (we - ws);
+      const std::int64_t divisor = height * pool_divisor_extent(w0, g.KW, g.W, g.pw, count_include_pad);
       const T share = dyp[oh * g.OW + ow] / static_cast<T>(divisor);
       for (std::int64_t w = ws; w < we; ++w) row[w] += share;
     }
@@ -782,7 +783,8 @@ void pool2d_backward(const T* dy, const T* x, T* dx, const Pool2dGeometry& g, bo
   const std::int64_t planes = g.N * g.C;
   if (planes == 0 || g.H * g.W == 0) return;
   const std::int64_t cost = g.H * g.W + g.OH * g.OW * g.KH * g.KW;
-  const bool tiles2x2 = g.KH == 2 && g.KW == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0;
+  const bool tiles2x2 = g.KH == 2 && g.KW == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0 &&
+                        2 * g.OH <= g.H && 2 * g.OW <= g.W;
   PoolPlanesFn<T> planes_fn = nullptr;
   if (tiles2x2) {
     static const PoolPlanesFn<T> fastest = pool_variants<T, Max ? PoolKind::max2x2 : PoolKind::avg2x2>().front();
@@ -843,10 +845,11 @@ inline std::optional<jit::CudaLaunch> cuda_conv2d_backward_launch(jit::ConvPass 
 // pool2d_backward's operands (dy, x).
 inline std::optional<jit::CudaLaunch> cuda_pool2d_backward_launch(std::span<const Tensor> in, bool max, Size2d kernel,
                                                                   Size2d stride, Size2d padding,
-                                                                  bool count_include_pad, backend::cuda::Gpu& gpu) {
+                                                                  bool count_include_pad, PoolingConvention convention,
+                                                                  backend::cuda::Gpu& gpu) {
   const auto dtype = launch_dtype(in);
   if (!dtype) return std::nullopt;
-  const Pool2dGeometry g = pool2d_geometry("pool2d_backward", in[1].shape(), kernel, stride, padding);
+  const Pool2dGeometry g = pool2d_geometry("pool2d_backward", in[1].shape(), kernel, stride, padding, convention);
   return jit::cuda_pool2d_launch(max, true, g, count_include_pad, *dtype, gpu);
 }
 
@@ -909,10 +912,12 @@ inline Tensor conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Sh
 // The gradient of a pooling with respect to its input x (pool_type "max" or
 // "avg"; global pools pass the whole plane as kernel with stride 1, padding 0).
 inline Tensor pool2d_backward(const Tensor& dy, const Tensor& x, bool max, Size2d kernel, Size2d stride,
-                              Size2d padding, bool count_include_pad) {
+                              Size2d padding, bool count_include_pad,
+                              PoolingConvention convention = PoolingConvention::valid) {
   namespace nn = detail::nn;
   constexpr std::string_view op = "pool2d_backward";
-  const nn::Pool2dGeometry g = nn::pool2d_geometry(op, x.require(op.data()).shape(), kernel, stride, padding);
+  const nn::Pool2dGeometry g =
+      nn::pool2d_geometry(op, x.require(op.data()).shape(), kernel, stride, padding, convention);
   if (dy.require(op.data()).shape() != Shape{g.N, g.C, g.OH, g.OW})
     fail<ShapeError>(op, ": gradient of shape ", to_string(dy.shape()), " does not match the output (", g.N, ", ",
                      g.C, ", ", g.OH, ", ", g.OW, ") of input ", to_string(x.shape()), " and kernel ", kernel);

@@ -19,4 +19,16 @@ struct Pool2dGeometry {
   std::int64_t N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw;
 };
 
+// How many of a window's places along an axis an average divides by: with
+// count_include_pad, the window up to the end of the padded input (the last
+// window of a `full` pooling runs past it); without, the input it holds. The
+// window starts at `start`, negative inside the padding. kernels/pool.cuh
+// divides by the same.
+inline std::int64_t pool_divisor_extent(std::int64_t start, std::int64_t size, std::int64_t extent, std::int64_t pad,
+                                        bool count_include_pad) {
+  const std::int64_t end = start + size;
+  if (count_include_pad) return (end < extent + pad ? end : extent + pad) - start;
+  return (end < extent ? end : extent) - (start > 0 ? start : 0);
+}
+
 }  // namespace hybra::detail::nn

@@ -101,8 +101,9 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
   return rec.output(out);
 }
 
-// MXNet's Activation: act_type relu, sigmoid, tanh or softrelu (log(1 + e^x)).
-// Works on tensors and symbols alike (it builds the op-table expression).
+// MXNet's Activation: act_type relu, sigmoid, tanh or softrelu (log(1 + e^x)),
+// and relu6 (MobileNet v2's, which MXNet writes as clip). Works on tensors
+// and symbols alike (it builds the op-table expression).
 template <array_like X>
 auto activation(X&& x, std::string_view act_type) {
   using R = std::conditional_t<tensor_like<X>, Tensor, Symbol>;
@@ -110,7 +111,8 @@ auto activation(X&& x, std::string_view act_type) {
   if (act_type == "sigmoid") return R(sigmoid(x));
   if (act_type == "tanh") return R(tanh(x));
   if (act_type == "softrelu") return R(log(exp(x) + 1));
-  fail<ValueError>("activation: unknown act_type '", act_type, "' (relu, sigmoid, tanh or softrelu)");
+  if (act_type == "relu6") return R(relu6(x));
+  fail<ValueError>("activation: unknown act_type '", act_type, "' (relu, sigmoid, tanh, softrelu or relu6)");
 }
 
 // Zeroes each element with probability `rate` and scales the rest by
