@@ -31,6 +31,7 @@
 #include "nn/parameter.hpp"
 #include "nn/loss.hpp"
 #include "nn/symbol_block.hpp"
+#include "nn/model_zoo/resnet.hpp"
 #include "data.hpp"
 #include "optim/adam.hpp"
 #include "optim/sgd.hpp"

@@ -171,6 +171,128 @@ TEST_CASE("imports names what is wrong with a model and its parameter file") {
                        doctest::Contains("op 'LeakyReLU' is not supported by hybra"), io::FormatError);
 }
 
+// MobileNet v2's ReLU6 and SqueezeNet's ceil-mode pooling, as MXNet's model zoo exports them.
+class Relu6Pool : public nn::HybridBlock<Relu6Pool> {
+ public:
+  Relu6Pool() : HybridBlock("relu6pool") {}
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return max_pool2d(relu6(x * 4), 3, 2, 0, PoolingConvention::full);
+  }
+};
+
+TEST_CASE("clip and pooling_convention full: MXNet's spellings both ways") {
+  ScratchDir dir;
+  Tensor x = random_normal({1, 2, 8, 7});
+  Relu6Pool block;
+  block.hybridize();
+  Tensor want = block(x);
+  CHECK(want.shape() == Shape{1, 2, 4, 3});
+  block.export_model(dir / "r");
+  const std::string json = slurp(dir / "r-symbol.json");
+  for (const char* text : {"_maximum_scalar", "_minimum_scalar", "\"pooling_convention\": \"full\""})
+    CHECK_MESSAGE(json.find(text) != std::string::npos, text);
+  CHECK(same_values(nn::SymbolBlock::imports(dir / "r-symbol.json", {"data"})(x), want));
+
+  // MXNet's own clip node.
+  const auto write = [&](const std::string& name, const std::string& pooling_attrs) {
+    std::ofstream(dir / name) << R"j({"nodes": [{"op": "null", "name": "data", "inputs": []},
+      {"op": "_mul_scalar", "name": "times4", "attrs": {"scalar": "4"}, "inputs": [[0, 0, 0]]},
+      {"op": "clip", "name": "relu6", "attrs": {"a_min": "0", "a_max": "6"}, "inputs": [[1, 0, 0]]},
+      {"op": "Pooling", "name": "pool", "attrs": {)j" << pooling_attrs << R"j(}, "inputs": [[2, 0, 0]]}],
+      "arg_nodes": [0], "heads": [[3, 0, 0]], "attrs": {"mxnet_version": ["int", 10901]}})j";
+    return dir / name;
+  };
+  const std::string pooling =
+      R"j("kernel": "(3, 3)", "stride": "(2, 2)", "pool_type": "max", "pooling_convention": "full")j";
+  CHECK(same_values(nn::SymbolBlock::imports(write("clip.json", pooling), {"data"})(x), want));
+  // An attr no reader asks for would be ignored: it is refused, naming the node, the op and the attr.
+  CHECK_NOTHROW(nn::SymbolBlock::imports(write("cudnn.json", pooling + R"j(, "cudnn_off": "True")j"), {"data"}));
+  const std::string lp_norm = pooling + R"j(, "p_value": "2")j";
+  CHECK_THROWS_WITH_AS(nn::SymbolBlock::imports(write("p.json", lp_norm), {"data"}),
+                       doctest::Contains("node 3 'pool' (Pooling): attr 'p_value' = '2' is not supported"),
+                       io::FormatError);
+  const std::string lp = R"j("kernel": "(3, 3)", "pool_type": "lp")j";
+  CHECK_THROWS_WITH_AS(nn::SymbolBlock::imports(write("lp.json", lp), {"data"}),
+                       doctest::Contains("node 3 'pool' (Pooling): pool_type 'lp' is not supported (max or avg)"),
+                       io::FormatError);
+}
+
+TEST_CASE("an imported model's attrs are all read: MXNet's Dropout mode and axes, Concat's num_args") {
+  ScratchDir dir;
+  const auto write = [&](const std::string& op, const std::string& attrs, int inputs) {
+    std::string in;
+    for (int k = 0; k < inputs; ++k) in += std::string(k ? ", " : "") + "[0, 0, 0]";
+    std::ofstream(dir / "m.json") << R"j({"nodes": [{"op": "null", "name": "data", "inputs": []}, {"op": ")j" << op
+                                  << R"j(", "name": "n", "attrs": {)j" << attrs << R"j(}, "inputs": [)j" << in
+                                  << R"j(]}], "arg_nodes": [0], "heads": [[1, 0, 0]], "attrs": {}})j";
+    return nn::SymbolBlock::imports(dir / "m.json", {"data"});
+  };
+  const std::string training = R"j("p": "0.5", "mode": "training", "axes": "()", "cudnn_off": "False")j";
+  CHECK_NOTHROW(write("Dropout", training, 1));
+  const std::string always = R"j("p": "0.5", "mode": "always")j", axes = R"j("axes": "(2, 3)")j";
+  CHECK_THROWS_WITH_AS(
+      write("Dropout", always, 1),
+      doctest::Contains("node 1 'n' (Dropout): attr 'mode' = 'always' is not supported (only 'training')"),
+      io::FormatError);
+  CHECK_THROWS_WITH_AS(write("Dropout", axes, 1), doctest::Contains("attr 'axes' = '(2, 3)' is not supported"),
+                       io::FormatError);
+  const std::string two = R"j("dim": "1", "num_args": "2")j", three = R"j("dim": "1", "num_args": "3")j";
+  CHECK_NOTHROW(write("Concat", two, 2));
+  CHECK_THROWS_WITH_AS(write("Concat", three, 2), doctest::Contains("(Concat): attr 'num_args' does not match its 2 inputs"),
+                       io::FormatError);
+  const std::string half = R"j("axis": "-1", "dtype": "float16")j", low_only = R"j("a_min": "0")j";
+  CHECK_THROWS_WITH_AS(write("softmax", half, 1), doctest::Contains("(softmax): attr 'dtype' = 'float16' is not supported"),
+                       io::FormatError);
+  CHECK_THROWS_WITH_AS(write("clip", low_only, 1), doctest::Contains("(clip): attrs 'a_min' and 'a_max' are needed"),
+                       io::FormatError);
+}
+
+// A wrong answer once came from a first call only (resnet18_v2 of MXNet's
+// zoo: a constant made at import time, read before it was written), and
+// only in some runs: first calls of fresh imports and of freshly hybridized
+// copies are repeated here, each against the eager answer, on the threaded
+// engine (its race) with several threads per op.
+TEST_CASE("first calls of fresh imports and fresh hybridizations, many times, give the eager answer") {
+  ScratchDir dir;
+  hybra::seed(11);
+  auto model = nn::model_zoo::resnet18(10, 4);
+  model.initialize(nn::init::Xavier());
+  const Tensor x = random_normal({2, 1, 28, 28});
+  model(x);
+  for (nn::Parameter p : model.collect_params()) {
+    const std::string name = p.name();
+    // gamma stays 1, so that the file's BatchNorms may say fix_gamma=True (constants made by the import).
+    if (name.ends_with("running_mean")) p.set_data(random_uniform(p.data().shape(), -0.5, 0.5));
+    if (name.ends_with("running_var")) p.set_data(random_uniform(p.data().shape(), 0.5, 2));
+    if (name.ends_with("beta")) p.set_data(random_uniform(p.data().shape(), -0.2, 0.2));
+  }
+  const Tensor want = model(x);
+  model.save_parameters(dir / "resnet.params");
+  model.hybridize();
+  model(x);
+  model.export_model(dir / "resnet");
+  std::string json = slurp(dir / "resnet-symbol.json");
+  const std::string learnt = "\"fix_gamma\": \"False\"";
+  int fixed = 0;
+  for (auto at = json.find(learnt); at != std::string::npos; at = json.find(learnt, at), ++fixed)
+    json.replace(at, learnt.size(), "\"fix_gamma\": \"True\"");
+  CHECK(fixed == 17);
+  std::ofstream(dir / "fixed-symbol.json") << json;
+  const auto close = [&](const Tensor& got) { return test::max_rel_diff(got, want) < 1e-5; };
+  int wrong_imports = 0, wrong_hybridized = 0;
+  for (int k = 0; k < 12; ++k) {
+    auto imported = nn::SymbolBlock::imports(dir / "fixed-symbol.json", {"data"}, dir / "resnet-0000.params");
+    wrong_imports += !close(imported(x));
+    auto copy = nn::model_zoo::resnet18(10, 4);
+    copy.load_parameters(dir / "resnet.params");
+    copy.hybridize();
+    wrong_hybridized += !close(copy(x));
+  }
+  CHECK(wrong_imports == 0);
+  CHECK(wrong_hybridized == 0);
+}
+
 TEST_CASE("save_parameters and load_parameters: structured names that survive wrapping") {
   ScratchDir dir;
   auto net = small_mlp();
