@@ -24,6 +24,9 @@ function(hybra_link_dependencies target)
     # the OpenMP runtime (and does not define _OPENMP).
     target_compile_options(${target} INTERFACE
       $<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang>:-fopenmp-simd>)
+    if(HYBRA_THREAD_LOOPS)
+      target_compile_definitions(${target} INTERFACE HYBRA_THREAD_LOOPS)
+    endif()
   endif()
   # -fno-math-errno lets GCC call glibc's vector math (libmvec) for exp/tanh
   # inside fused loops; without it every transcendental stays scalar (~10x).

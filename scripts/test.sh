@@ -21,9 +21,10 @@
 #                   the parsers read.
 #   4. build-tsan/  ThreadSanitizer, unit and MPI tests: the engine's worker
 #                   threads, its waits and the async tests, checked for data races
-#                   and lock-order inversions. Built with -DHYBRA_OPENMP=OFF
-#                   (libgomp is not instrumented: its barriers look like races,
-#                   so fused loops run on one thread per op there), -O1 -g1.
+#                   and lock-order inversions, and the pieces of parallel loops.
+#                   Built with -DHYBRA_OPENMP=OFF (libgomp is not instrumented:
+#                   its barriers look like races) and -DHYBRA_THREAD_LOOPS=ON
+#                   (parallel loops on std::threads instead), -O1 -g1.
 # A failing stage does not stop the others (except the stages that need its
 # output); the summary at the end lists each stage with its wall time.
 # Environment: HYBRA_BUILD_DIR, HYBRA_ASAN_BUILD_DIR, HYBRA_TSAN_BUILD_DIR,
@@ -150,12 +151,14 @@ sanitized() {
 # programs cost ~4 of the run's 26 minutes.
 sanitized asan "$ASAN_DIR" "-O0 $SANITIZE" -DHYBRA_BUILD_EXAMPLES=OFF
 
-# 4. ThreadSanitizer, without OpenMP: the unit tests (the engine, its waits,
-# the async and data-parallel tests) and the MPI tests. OpenBLAS is not
-# instrumented either, but hybra runs it single-threaded, on the calling
-# (checked) thread. The examples, whose threads are the engine's, are left to
-# stage 1: built here they cost ~8 minutes of a 2-core CI run.
-sanitized tsan "$TSAN_DIR" "-O1 $TSAN" -DHYBRA_OPENMP=OFF -DHYBRA_BUILD_EXAMPLES=OFF
+# 4. ThreadSanitizer, without OpenMP (libgomp is not instrumented): the unit
+# tests (the engine, its waits, the async and data-parallel tests) and the
+# MPI tests, parallel loops on std::threads (HYBRA_THREAD_LOOPS) so that a
+# race inside one is seen too. OpenBLAS is not instrumented either, but hybra
+# runs it single-threaded, on the calling (checked) thread. The examples,
+# whose threads are the engine's, are left to stage 1: built here they cost
+# ~8 minutes of a 2-core CI run.
+sanitized tsan "$TSAN_DIR" "-O1 $TSAN" -DHYBRA_OPENMP=OFF -DHYBRA_THREAD_LOOPS=ON -DHYBRA_BUILD_EXAMPLES=OFF
 
 t=$((SECONDS - total_start))
 echo

@@ -7,7 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <hybra/eager.hpp>
+#include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -140,6 +142,41 @@ TEST_CASE("async: an op's threads are its device's share of the cores") {
   CHECK(t1 >= 1);
   CHECK(engine::get().device_threads(cpu(0)) + engine::get().device_threads(cpu(1)) <= std::max(hw, 2));
   CHECK(backend::cpu::available_threads() == std::min(num_threads(), hw));  // outside an op
+}
+
+TEST_CASE("async: a parallel loop's pieces run on threads of their own, with OpenMP or HYBRA_THREAD_LOOPS") {
+  const int saved = num_threads();
+  set_num_threads(2);
+  std::mutex m;
+  std::set<std::thread::id> threads;
+  std::int64_t covered = 0;
+  backend::cpu::parallel_for(1 << 20, 1, [&](std::int64_t begin, std::int64_t end) {
+    std::lock_guard lock(m);
+    threads.insert(std::this_thread::get_id());
+    covered += end - begin;
+  });
+  set_num_threads(saved);
+  CHECK(covered == 1 << 20);
+#if defined(_OPENMP) || defined(HYBRA_THREAD_LOOPS)
+  CHECK(threads.size() == 2);
+#else
+  CHECK(threads.size() == 1);
+#endif
+}
+
+// A parallel loop whose pieces race, on purpose: ctest's tsan_sees_loop_races
+// runs it in the ThreadSanitizer build, which must report the race
+// (HYBRA_THREAD_LOOPS puts the pieces on threads it watches; libgomp's would
+// be invisible to it).
+TEST_SUITE("loop race") {
+  TEST_CASE("a parallel loop's pieces all add to one variable unguarded" * doctest::skip()) {
+    const int saved = num_threads();
+    set_num_threads(2);
+    std::int64_t covered = 0;
+    backend::cpu::parallel_for(1 << 20, 1, [&](std::int64_t begin, std::int64_t end) { covered += end - begin; });
+    set_num_threads(saved);
+    CHECK(covered > 0);
+  }
 }
 
 TEST_CASE("async: copies between devices") {

@@ -5,8 +5,11 @@
 // once on several CPU devices do not oversubscribe the machine.
 //
 // OpenMP is optional (CMake option HYBRA_OPENMP): without it parallel_for
-// runs on the calling thread (the engine still runs independent ops at once). The ThreadSanitizer build uses that, since libgomp
-// is not instrumented and its barriers would look like races.
+// runs on the calling thread (the engine still runs independent ops at
+// once), or, with HYBRA_THREAD_LOOPS, on a team of std::threads started for
+// the loop. The ThreadSanitizer build uses the latter: libgomp is not
+// instrumented and its barriers would look like races, while a race between
+// a loop's pieces is still one to see.
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -15,6 +18,7 @@
 #include <atomic>
 #include <cstdint>
 #include <thread>
+#include <vector>
 
 #include "../../engine/context.hpp"
 
@@ -54,10 +58,11 @@ inline constexpr std::int64_t parallel_grain = 1 << 15;
 
 // Calls body(begin, end) over [0, n) split into one contiguous range per
 // thread; `cost` is the number of elements each index stands for. Without
-// OpenMP it is one call over [0, n) on the calling thread.
+// OpenMP (and HYBRA_THREAD_LOOPS) it is one call over [0, n) on the calling
+// thread.
 template <class Body>
 void parallel_for(std::int64_t n, std::int64_t cost, Body&& body) {
-#ifndef _OPENMP
+#if !defined(_OPENMP) && !defined(HYBRA_THREAD_LOOPS)
   (void)cost;
   body(std::int64_t{0}, n);
 #else
@@ -69,14 +74,21 @@ void parallel_for(std::int64_t n, std::int64_t cost, Body&& body) {
   // The team's threads run as part of the caller's engine op (if any): code
   // they call must see that too (it runs sub-ops at once, never waits).
   const engine::detail::Context caller = engine::detail::context;
-#pragma omp parallel num_threads(threads)
-  {
+  auto piece = [&](std::int64_t t, std::int64_t nt) {
     engine::detail::ContextScope scope(caller.engine, caller.op, caller.threads);
-    std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     std::int64_t chunk = (n + nt - 1) / nt;
     std::int64_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
     body(begin, end);
-  }
+  };
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+  piece(omp_get_thread_num(), omp_get_num_threads());
+#else
+  std::vector<std::thread> team;
+  for (int t = 1; t < threads; ++t) team.emplace_back(piece, t, threads);
+  piece(0, threads);
+  for (auto& member : team) member.join();
+#endif
 #endif
 }
 
