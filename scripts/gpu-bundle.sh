@@ -4,7 +4,7 @@
 # it. That machine runs another image (CUDA 13.0, no Boost, doctest, OpenBLAS or Google Benchmark, no
 # network, 64 MiB carried), so the bundle holds:
 #   - programs: the `gpu` test cases (hybra_gpu_tests), examples/cuda_fusion (nvcc), benchmarks/bench_cuda,
-#     examples/train_lenet; Release, -march=x86-64-v3 (never native: this CPU is not that one), libstdc++,
+#     examples/train_lenet and examples/train_resnet; Release, -march=x86-64-v3 (never native: this CPU is not that one), libstdc++,
 #     libgcc, libgomp, OpenBLAS, Boost.JSON and zlib linked statically. Debian ships Google Benchmark as a
 #     shared library only: bench_cuda finds it (and the libstdc++ it needs) in lib/ by its RPATH. Each
 #     program carries all of OpenBLAS (30 MB); one solid xz archive stores the copies once;
@@ -47,14 +47,14 @@ cmake -S . -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release --log-level=WARNING \
   -DCMAKE_CXX_STANDARD_LIBRARIES="$static_runtime" -DOpenMP_gomp_LIBRARY="$gcc_lib/libgomp.a" \
   -DBLA_STATIC=ON -DBoost_USE_STATIC_LIBS=ON -DZLIB_USE_STATIC_LIBS=ON -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON \
   -DCMAKE_BUILD_RPATH='$ORIGIN/../lib'
-programs=(hybra_gpu_tests cuda_fusion bench_cuda train_lenet)
+programs=(hybra_gpu_tests cuda_fusion bench_cuda train_lenet train_resnet)
 say "build ${programs[*]} and the stand-ins"
 cmake --build "$tree" --parallel "$(nproc)" --target "${programs[@]}" hybra_fake_cuda hybra_fake_cublas hybra_fake_nccl
 
 say "stage $bundle"
 rm -rf "$bundle"
 mkdir -p "$bundle"/{bin,lib,include,share/hybra,data/fashion-mnist}
-for p in tests/hybra_gpu_tests examples/cuda_fusion benchmarks/bench_cuda examples/train_lenet; do
+for p in tests/hybra_gpu_tests examples/cuda_fusion benchmarks/bench_cuda examples/train_lenet examples/train_resnet; do
   [[ -x $tree/$p ]] || die "built $p but found no executable $tree/$p"
   strip -o "$bundle/bin/$(basename "$p")" "$tree/$p"
 done

@@ -7,7 +7,8 @@
 # It unpacks the archive (into $TMPDIR), adds to its kernel cache the kernels of every kernels*.tar.gz beside
 # it (what an earlier run compiled there and sent back), then runs, in order, each part under a time limit of
 # its own: the environment (GPU, driver, toolkit, libraries, glibc, CPU); the `gpu` test cases;
-# examples/cuda_fusion; a short training run of LeNet on cuda0 (hybridized, then eager); bench_cuda; the same
+# examples/cuda_fusion; a short training run of LeNet on cuda0 (hybridized, then eager) and one epoch of D2L's
+# ResNet-18 on a slice of Fashion-MNIST; bench_cuda; the same
 # workloads in PyTorch (benchmarks/peers/torch_gpu.py: eager, torch.compile, CUDA graphs); bench_cuda once
 # more, so that machine drift shows between the two. A skipped GPU test is a failure here. On a test failure
 # the failing cases run again with HYBRA_CUDA_SYNC=1, so that the op that failed names itself. Writes at most
@@ -162,7 +163,13 @@ if wants train; then
     --csv "$scratch/hybridized.csv" || counted false
   part "train_lenet eager, smoke" 60 "$programs_log" "$bin/train_lenet" --devices cuda0 --data "$data" --smoke \
     --no-hybridize --csv "$scratch/eager.csv" || counted false
-  grep -E 'epoch|accuracy|LeNet' "$programs_log" | tail -n 6 | tee -a "$summary"
+  # The book's network and batch; on the stand-in, whose cuBLAS multiplies on the host, a narrow copy on a few
+  # batches compiles the same kernels.
+  resnet_args=(--width 64 --batch-size 256 --train-size 12288)
+  [[ $standin == 1 ]] && resnet_args=(--width 8 --batch-size 64 --train-size 256 --test-size 256)
+  part "train_resnet hybridized" 150 "$programs_log" "$bin/train_resnet" --devices cuda0 --data "$data" --epochs 1 \
+    "${resnet_args[@]}" --csv "$scratch/resnet.csv" || counted false
+  grep -E 'epoch|accuracy|LeNet|ResNet' "$programs_log" | tail -n 9 | tee -a "$summary"
 fi
 
 # 3. bench_cuda, the PyTorch peer, bench_cuda again (A B A: drift shows as A's two runs disagreeing).

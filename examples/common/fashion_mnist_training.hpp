@@ -89,9 +89,11 @@ inline Options parse(const Program& p, int argc, char** argv) {
     return argv[++i];
   };
   auto number = [&](const std::string& flag, const std::string& text) { return positive_number(p, flag, text); };
+  bool devices_given = false;  // --smoke's devices are only a default
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--devices") {
+      devices_given = true;
       o.devices.clear();
       std::string list = value(i);
       for (std::size_t at = 0; at <= list.size();) {
@@ -127,7 +129,6 @@ inline Options parse(const Program& p, int argc, char** argv) {
       o.data = value(i);
     } else if (a == "--smoke") {
       o.smoke = true;
-      o.devices = p.smoke.devices;
       o.epochs = p.smoke.epochs;
       o.lr = p.smoke.lr;
       o.batch_size = p.smoke.batch_size;
@@ -139,6 +140,7 @@ inline Options parse(const Program& p, int argc, char** argv) {
       own->second(value(i));
     }
   }
+  if (o.smoke && !devices_given) o.devices = p.smoke.devices;
   if (o.csv.empty()) o.csv = p.name + ".csv";
   if (o.svg.empty()) o.svg = std::filesystem::path(o.csv).replace_extension(".svg").string();
   return o;

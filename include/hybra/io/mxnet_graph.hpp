@@ -534,8 +534,8 @@ inline const OpTable& op_table() {
 }
 
 // Attrs that choose how MXNet computes, not what (cuDNN's use and its
-// workspace); `__name__` attrs are the user's notes (learning-rate
-// multipliers, initialisers).
+// workspace). from_mxnet also passes the `__name__` attrs unread: the user's
+// notes (learning-rate multipliers, initialisers).
 inline bool without_effect(std::string_view key) {
   return key == "cudnn_off" || key == "cudnn_tune" || key == "workspace";
 }
