@@ -228,7 +228,6 @@ struct Processes {
 #endif
 };
 
-
 // Trains the model `build` makes as the options say; returns main()'s status.
 inline int train(int argc, char** argv, const Program& program, const std::function<nn::HybridSequential()>& build) try {
   Processes processes(argc, argv);
