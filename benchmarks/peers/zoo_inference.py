@@ -16,8 +16,6 @@ import os
 import statistics
 import time
 
-import numpy as np
-
 # MXNet's name and torchvision's constructor of the same network.
 MODELS = {
     "resnet18_v1": "resnet18",
