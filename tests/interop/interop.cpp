@@ -39,6 +39,17 @@ class ScalarMath : public nn::HybridBlock<ScalarMath> {
   }
 };
 
+// softplus (MXNet's Activation softrelu) where exp would overflow float32,
+// and cumsum (MXNet's numpy cumsum) on both axes.
+class SoftplusCumsum : public nn::HybridBlock<SoftplusCumsum> {
+ public:
+  SoftplusCumsum() : HybridBlock("softpluscumsum") {}
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return cumsum(softplus(x * 100), 1) + cumsum(x, 0);
+  }
+};
+
 // The fire module of SqueezeNet: a 1x1 squeeze, then 1x1 and 3x3 expansions side by side.
 class Fire : public nn::HybridBlock<Fire> {
  public:
@@ -123,6 +134,8 @@ int export_models(const fs::path& dir) {
   save(mlp, {2, 10}, dir, "mlp");
   ScalarMath math;
   save(math, {3, 4}, dir, "scalar_math");
+  SoftplusCumsum scan;
+  save(scan, {3, 5}, dir, "softplus_cumsum");
   nn::HybridSequential convnet;
   convnet.add(nn::Conv2D(4, 3, 1, 1, 1, 1, "relu"), nn::BatchNorm(), nn::MaxPool2D(2),
               nn::Conv2D(6, 3, 2, 0, 1, 2, "", false), nn::AvgPool2D(2, 1, 1), nn::GlobalAvgPool2D(), nn::Flatten(),

@@ -1,4 +1,4 @@
-// The GPU's reductions, argmax, softmax, convolutions, pooling,
+// The GPU's reductions, argmax, softmax, cumsum, convolutions, pooling,
 // batch_norm, copies between layouts and random fills without a GPU: the device code of kernels/ runs on the CPU
 // (simt.hpp), launched in the steps jit/cuda_reduce.hpp and
 // jit/cuda_conv.hpp plan for a GPU (a CPU GEMM standing in for cuBLAS), and
@@ -23,6 +23,7 @@
 #include <kernels/batch_norm.cuh>
 #include <kernels/conv.cuh>
 #include <kernels/copy.cuh>
+#include <kernels/cumsum.cuh>
 #include <kernels/pool.cuh>
 #include <kernels/random.cuh>
 #include <kernels/reduce.cuh>
@@ -553,6 +554,41 @@ TEST_CASE("cuda kernels: batch_norm on simulated threads is the CPU's, along any
       });
       check_near(got, want, tolerance(d));
     }
+}
+
+TEST_CASE("cuda kernels: cumsum on simulated threads is the CPU's, bit for bit, in every dtype and direction") {
+  for (DType d : all_dtypes)
+    for (const auto& [shape, axis] : std::vector<std::pair<Shape, std::optional<std::int64_t>>>{
+             {{3, 4, 5}, 1}, {{6, 7}, -1}, {{5, 2}, 0}, {{2, 3, 4}, std::nullopt}})
+      for (bool reverse : {false, true}) {
+        CAPTURE(name(d));
+        CAPTURE(to_string(shape));
+        CAPTURE(reverse);
+        const Tensor x = sample(d, shape, 30);
+        const Tensor want = cumsum(x, axis, reverse);
+        const auto b = detail::cumsum::block(shape, axis);
+        Tensor got(want.shape(), want.dtype());
+        x.wait_to_read();
+        dispatch(d, [&](auto tag) {
+          using In = typename decltype(tag)::type;
+          using Out = std::conditional_t<std::is_floating_point_v<In>, In, std::int64_t>;
+          const jit::ElementwiseGrid grid = jit::grid_over(b.outer * b.inner, 1);
+          simt::launch(grid.blocks, grid.threads, [&] {
+            kernels::cumsum(static_cast<const In*>(x.raw_data()), static_cast<Out*>(got.raw_data()), b.outer, b.R,
+                            b.inner, reverse);
+          });
+        });
+        CHECK(got.to_vector<double>() == want.to_vector<double>());
+      }
+}
+
+TEST_CASE("cuda kernels: the cumsum program compiles for sm_90 in every dtype, with the entry its launch names") {
+  REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
+  for (DType d : all_dtypes) {
+    CAPTURE(name(d));
+    const std::string ptx = jit::cuda_ptx(detail::cumsum::cuda_program(d), "cumsum.cu");
+    CHECK(ptx.find(".entry " + detail::cumsum::entry(d) + "(") != std::string::npos);
+  }
 }
 
 TEST_CASE("cuda kernels: every convolution, pooling and batch_norm program compiles for sm_90, with the entries its launches name") {

@@ -62,7 +62,20 @@ TEST_CASE("every unary op matches its reference in every dtype") {
     check_against(flt(sqrt(pos)), {pos}, [](double a, double) { return std::sqrt(a); }, ft);
     check_against(flt(tanh(x)), {x}, [](double a, double) { return std::tanh(a); }, ft);
     check_against(flt(sigmoid(x)), {x}, [](double a, double) { return 1 / (1 + std::exp(-a)); }, ft);
+    check_against(flt(softplus(x)), {x}, [](double a, double) { return std::log1p(std::exp(a)); }, ft);
   }
+}
+
+TEST_CASE("softplus is exact where exp overflows or 1 + e^x rounds to 1, and MXNet's softrelu is softplus") {
+  const Tensor x = array<float>({-200, -30, 0, 30, 88.8f, 200});
+  const auto y = Tensor(softplus(x)).to_vector<float>();
+  CHECK(y[0] == doctest::Approx(std::exp(-200.0)).epsilon(1e-5));
+  CHECK(y[1] == doctest::Approx(std::exp(-30.0)).epsilon(1e-5));
+  CHECK(y[2] == doctest::Approx(std::log(2.0)).epsilon(1e-6));
+  CHECK(y[3] == doctest::Approx(30).epsilon(1e-6));
+  CHECK(y[4] == doctest::Approx(88.8).epsilon(1e-6));
+  CHECK(y[5] == 200);
+  CHECK(Tensor(activation(x, "softrelu")).to_vector<float>() == y);
 }
 
 TEST_CASE("every binary op matches its reference in every dtype") {

@@ -327,7 +327,7 @@ TEST_SUITE("gpu" * doctest::skip()) {
     CHECK(gpu_plan.graphs_recorded() == 1);
   }
 
-  TEST_CASE("gpu: reductions, argmax, softmax and log_softmax of every dtype on cuda(0) against the CPU") {
+  TEST_CASE("gpu: reductions, argmax, cumsum, softmax and log_softmax of every dtype on cuda(0) against the CPU") {
     if (!gpu_present()) return;
     auto same = [](const Tensor& on_gpu, const Tensor& on_cpu) {
       REQUIRE(on_gpu.dtype() == on_cpu.dtype());
@@ -359,6 +359,8 @@ TEST_SUITE("gpu" * doctest::skip()) {
         same(min(on_gpu, Axes(axes), true), min(values, Axes(axes), true));
         same(argmax(on_gpu, axes.front()), argmax(values, axes.front()));
         same(argmax(on_gpu), argmax(values));
+        same(cumsum(on_gpu, axes.front()), cumsum(values, axes.front()));
+        same(cumsum(on_gpu, axes.back(), true), cumsum(values, axes.back(), true));
         if (is_floating(d)) {
           same(softmax(on_gpu, axes.front()), softmax(values, axes.front()));
           same(log_softmax(on_gpu * 100, axes.back()), log_softmax(values * 100, axes.back()));
@@ -376,6 +378,7 @@ TEST_SUITE("gpu" * doctest::skip()) {
     const auto g = graph::optimize(graph::trace(
         {softmax(logits), log_softmax(logits, 0), argmax(logits, 1), sum(X, 0), mean(exp(X) * 0.5f), max(B), sum(B),
          softmax(slice(X, 1, 0, 10, 3)), sum(transpose(X), 1),  // views, gathered before their launches
+         cumsum(X, 1), cumsum(transpose(X), 1, true) * 2,
          flatten(transpose(X)) * 2,  // a reshape of a view: a copy launch
          sum((argmax(X, 1) == L) * 3 + 1) + sum(argmax(X, 0) != 4),  // integer chains: int64 kernels
          where(sum(X, 1) > 1, L, L * 2) / 3}));  // mixed dtypes: the conversions launches, then a float32 kernel

@@ -4,10 +4,16 @@
 // form against the interpreter.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <hybra/hybra.hpp>
+#include <iterator>
 #include <thread>
 
 #include "reference.hpp"
@@ -100,6 +106,8 @@ TEST_CASE("the other ops of the table on symbols: shapes are inferred as they ar
   same(argmax(X, 2), argmax(x, 2));
   same(softmax(X), softmax(x));
   same(log_softmax(X, 1), log_softmax(x, 1));
+  same(cumsum(X, 1, true), cumsum(x, 1, true));
+  same(cumsum(X * 2), cumsum(eval(x * 2)));
   same(reshape(X, {6, -1}), reshape(x, {6, -1}));
   same(transpose(X), transpose(x));
   same(transpose(X, {1, 0, 2}) * 2, eval(transpose(x, {1, 0, 2}) * 2));
@@ -331,6 +339,41 @@ TEST_CASE("a plan's first call waits for its constants, which ops still being ru
     CHECK(std::count(first.begin(), first.end(), 2.0f) == n);
     CHECK(plan({full({n}, 3.0)})[0].to_vector<float>() == std::vector<float>(static_cast<std::size_t>(n), 6.0f));
   }
+}
+
+TEST_CASE("HYBRA_DEBUG: 1 prints a plan's summary, 2 each call's step times, 3 its optimised graph") {
+  const std::string file = (std::filesystem::temp_directory_path() / "hybra_debug_test.txt").string();
+  auto printed = [&](int level, auto&& body) {
+    std::fflush(stderr);
+    const int saved = ::dup(2);
+    REQUIRE(std::freopen(file.c_str(), "w", stderr));
+    const int was = debug::level();
+    debug::set_level(level);
+    body();
+    debug::set_level(was);
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    std::ifstream in(file);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto X = sym::var("x", Shape{4, 8}), W = sym::var("w", Shape{3, 8});
+  const auto g = graph::optimize(graph::trace({softmax(relu(fully_connected(X, W)) * 2)}));
+  const std::vector<Tensor> in{random_normal({4, 8}), random_normal({3, 8})};
+  const std::string quiet = printed(debug::off, [&] { jit::Plan(g, cpu(), false, "quiet")(in)[0].wait_to_read(); });
+  CHECK(quiet.empty());
+  const std::string summary = printed(debug::plans, [&] { jit::Plan(g, cpu(), false, "mlp")(in)[0].wait_to_read(); });
+  CHECK(summary.find("hybra: plan 'mlp' on cpu(0): ") != std::string::npos);
+  CHECK(summary.find("1 product") != std::string::npos);
+  CHECK(summary.find(" us") == std::string::npos);
+  const std::string timed = printed(debug::timings, [&] { jit::Plan(g, cpu(), false, "mlp")(in)[0].wait_to_read(); });
+  CHECK(timed.find("hybra: plan 'mlp' call:") != std::string::npos);
+  CHECK(timed.find("product fully_connected: ") != std::string::npos);
+  CHECK(timed.find("launch softmax") == std::string::npos);
+  CHECK(timed.find("eager softmax: ") != std::string::npos);
+  const std::string code = printed(debug::code, [&] { jit::Plan(g, cpu(), false, "mlp"); });
+  CHECK(code.find("fully_connected") != std::string::npos);
+  CHECK(code.find("\n") != code.rfind("\n"));
 }
 
 TEST_CASE("a plan checks its inputs and is one engine op whose result is a future") {

@@ -23,7 +23,7 @@
 
 #include "../core/creation.hpp"
 #include "../graph/attrs.hpp"
-#include "mode.hpp"
+#include "../core/mode.hpp"
 
 namespace hybra::autograd {
 

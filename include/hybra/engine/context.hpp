@@ -13,8 +13,8 @@ namespace detail {
 
 struct OpRecord;
 
-// Cached: glibc's hardware_concurrency() reads /sys on every call (~2.4 us),
-// and every parallel loop and BLAS call asks.
+// Cached: glibc's hardware_concurrency() reads /sys on every call, and every
+// parallel loop and BLAS call asks.
 inline int hardware_threads() noexcept {
   static const int n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   return n;

@@ -20,9 +20,10 @@ inline void cpu_relax() noexcept {
 // How long a waiting thread spins before it sleeps. The first part is pure
 // spinning; after it the thread yields between checks, so that on a machine
 // with more busy threads than cores the thread being waited for gets the core.
-// The pure part covers a batch-1 forward (~6 us): a thread inside
-// sched_yield is late to take the chunk the op posts for it (helping.hpp),
-// which cost the hybridized MLP of bench_hybridize ~0.6 us per call.
+// The pure part covers a batch-1 forward: a thread inside sched_yield is
+// late to take the chunk the op posts for it (helping.hpp), which cost the
+// hybridized MLP of bench_hybridize per call (docs/benchmarks.md, "Figures
+// behind constants of the code").
 inline constexpr std::chrono::microseconds spin_pure{10};
 inline constexpr std::chrono::microseconds spin_limit{50};
 

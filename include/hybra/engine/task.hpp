@@ -3,9 +3,10 @@
 // record and never moved, so closures up to inline_size bytes cost a push no
 // heap allocation; std::function would allocate above 16 bytes and needs
 // copyable closures. A tensor op's closure holds Tensor copies (176 bytes
-// each): `y = x + 1` captures 368 bytes, and fitting it in the record made a
-// chain of such ops 20% faster (1.99 -> 1.6 us per op) than a malloc/free
-// pair, split across the pushing and the running thread, per op.
+// each): `y = x + 1` captures 368 bytes, and fitting it in the record is
+// measurably faster than a malloc/free pair, split across the pushing and the
+// running thread, per op (docs/benchmarks.md, "Figures behind constants of
+// the code").
 #include <cstddef>
 #include <new>
 #include <type_traits>

@@ -108,20 +108,17 @@ auto apply_op(Args&&... args) {
       yap::make_terminal<expression>(Op{}), static_cast<Args&&>(args)...);
 }
 
-template <array_like X> auto exp(X&& x) { return apply_op<op::exp>(static_cast<X&&>(x)); }
-template <array_like X> auto log(X&& x) { return apply_op<op::log>(static_cast<X&&>(x)); }
-template <array_like X> auto sqrt(X&& x) { return apply_op<op::sqrt>(static_cast<X&&>(x)); }
-template <array_like X> auto abs(X&& x) { return apply_op<op::abs>(static_cast<X&&>(x)); }
-template <array_like X> auto tanh(X&& x) { return apply_op<op::tanh>(static_cast<X&&>(x)); }
-template <array_like X> auto sigmoid(X&& x) { return apply_op<op::sigmoid>(static_cast<X&&>(x)); }
-template <array_like X> auto relu(X&& x) { return apply_op<op::relu>(static_cast<X&&>(x)); }
-template <class A, class B> auto pow(A&& a, B&& b) { return apply_op<op::pow>(static_cast<A&&>(a), static_cast<B&&>(b)); }
-template <class A, class B> auto maximum(A&& a, B&& b) { return apply_op<op::maximum>(static_cast<A&&>(a), static_cast<B&&>(b)); }
-template <class A, class B> auto minimum(A&& a, B&& b) { return apply_op<op::minimum>(static_cast<A&&>(a), static_cast<B&&>(b)); }
-template <class C, class A, class B>
-auto where(C&& c, A&& a, B&& b) {
-  return apply_op<op::where>(static_cast<C&&>(c), static_cast<A&&>(a), static_cast<B&&>(b));
-}
+// Each op called by name (ops/elementwise.hpp). A unary one takes arrays
+// only, so that exp(2.0) stays std::exp's; the others take any operands and
+// apply_op says which are wrong.
+#define HYBRA_ELEMENTWISE_FUNCTION(id)                                                        \
+  template <class... Operands>                                                                \
+    requires(sizeof...(Operands) == op::id::arity && (op::id::arity > 1 || (array_like<Operands> && ...))) \
+  auto id(Operands&&... operands) {                                                           \
+    return apply_op<op::id>(static_cast<Operands&&>(operands)...);                            \
+  }
+HYBRA_ELEMENTWISE_FUNCTIONS(HYBRA_ELEMENTWISE_FUNCTION)
+#undef HYBRA_ELEMENTWISE_FUNCTION
 
 // x limited to [low, high] (MXNet's clip): the maximum with low, then the
 // minimum with high, so it fuses, runs on a GPU and differentiates as those

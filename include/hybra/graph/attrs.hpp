@@ -85,4 +85,26 @@ auto parse_optional(std::string_view text, Parse parse) -> std::optional<decltyp
   return parse(text);
 }
 
+// One attr read as its type, errors naming the op.
+inline std::int64_t int_attr(const Attrs& a, std::string_view key, std::string_view op) {
+  return parse_int(find_attr(a, key, op), op);
+}
+inline std::optional<std::int64_t> optional_int_attr(const Attrs& a, std::string_view key, std::string_view op) {
+  return parse_optional(find_attr(a, key, op), [&](std::string_view t) { return parse_int(t, op); });
+}
+inline bool bool_attr(const Attrs& a, std::string_view key, std::string_view op) {
+  return parse_bool(find_attr(a, key, op), op);
+}
+inline double double_attr(const Attrs& a, std::string_view key, std::string_view op) {
+  return parse_double(find_attr(a, key, op), op);
+}
+inline std::optional<std::vector<std::int64_t>> optional_tuple_attr(const Attrs& a, std::string_view key,
+                                                                   std::string_view op) {
+  return parse_optional(find_attr(a, key, op), [&](std::string_view t) { return parse_tuple(t, op); });
+}
+inline Shape shape_attr(const Attrs& a, std::string_view key, std::string_view op) {
+  auto s = parse_tuple(find_attr(a, key, op), op);
+  return Shape(s.begin(), s.end());
+}
+
 }  // namespace hybra::graph

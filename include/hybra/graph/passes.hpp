@@ -53,8 +53,8 @@ inline std::vector<int> identity(const Graph& g) {
   return r;
 }
 
-// Ops whose result is not a function of their inputs alone.
-inline bool is_pure(const Node& n) { return n.op != "dropout"; }
+// Whether a node's result is a function of its inputs alone (ops/op.hpp's `pure`).
+inline bool is_pure(const Node& n) { return is_leaf(n) || n.op == "fused" || find_op(n.op).pure; }
 
 // The random counter blocks one evaluation of n draws: a training dropout
 // draws one uniform per element (ops/nn.hpp), every other node none.
@@ -267,9 +267,9 @@ inline Graph fuse_elementwise(const Graph& g) {
   return eliminate_dead_code(out);
 }
 
-// A product (fully_connected, matmul, conv2d) whose result is used only by an
-// elementwise node or fused group of the same shape takes that group as its
-// epilogue: bias-add and activation are applied to the product's result in
+// A product (an op whose entry says so: fully_connected, matmul, conv2d)
+// whose result is used only by an elementwise node or fused group of the
+// same shape takes that group as its epilogue: bias-add and activation are applied to the product's result in
 // place, right after it is computed, with no separate step or buffer.
 inline Graph fuse_epilogues(const Graph& g) {
   const auto users = detail::consumers(g);
@@ -279,7 +279,7 @@ inline Graph fuse_epilogues(const Graph& g) {
     if (!fusable(g, n)) continue;
     for (int in : n.inputs) {
       const Node& p = g.nodes[static_cast<std::size_t>(in)];
-      const bool is_product = p.op == "fully_connected" || p.op == "matmul" || p.op == "conv2d";
+      const bool is_product = !is_leaf(p) && p.op != "fused" && find_op(p.op).product;
       if (!is_product || p.body || users[static_cast<std::size_t>(in)].size() != 1 || detail::is_output(g, in) ||
           p.meta.shape != n.meta.shape || p.meta.dtype != n.meta.dtype)
         continue;

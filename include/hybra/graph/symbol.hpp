@@ -154,6 +154,11 @@ Symbol scalar_symbol(S v) {
 
 }  // namespace graph
 
+template <class S>
+S op::make_node(std::string name, graph::Attrs attrs, std::vector<S> inputs) {
+  return graph::make_symbol(std::move(name), std::move(attrs), std::move(inputs));
+}
+
 namespace sym {
 
 // An input of the graph. Without a shape, shapes below it stay unknown

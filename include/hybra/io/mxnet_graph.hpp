@@ -109,28 +109,9 @@ struct Reading {
       reject(e.what());
     }
   }
-  Symbol make(std::string op, Attrs attrs = {}) const {
-    return make(std::move(op), std::move(attrs), std::vector<Symbol>(inputs.begin(), inputs.end()));
-  }
-};
-
-// A graph node's attrs as MXNet spells them (booleans capitalised).
-inline Attrs mx_attrs(const Attrs& a) {
-  Attrs out;
-  for (const auto& [k, v] : a) out.emplace_back(k, v == "true" ? "True" : v == "false" ? "False" : v);
-  return out;
-}
-
-// A hybra node being written.
-struct Writing {
-  const graph::Graph& graph;
-  const Node& node;
-
-  const Node& input(std::size_t k) const { return graph.nodes[static_cast<std::size_t>(node.inputs[k])]; }
-  [[noreturn]] void reject(std::string_view why) const {
-    fail<ValueError>("export_model: op '", node.op, "' ", why, " (MXNet's graph format cannot express it)");
-  }
-  std::string attr(std::string_view key) const { return graph::find_attr(node.attrs, key, node.op); }
+  Symbol make(std::string op, Attrs attrs = {}) const { return make(std::move(op), std::move(attrs), operands()); }
+  std::vector<Symbol> operands() const { return std::vector<Symbol>(inputs.begin(), inputs.end()); }
+  static Symbol constant(const Tensor& value) { return sym::constant(value); }
 };
 
 // What a hybra node becomes in the file: the MXNet op, its attrs, and which
@@ -143,6 +124,31 @@ struct Written {
   std::vector<std::size_t> aux{};  // positions of inputs that are auxiliary states
 };
 
+// A hybra node being written.
+struct Writing {
+  const graph::Graph& graph;
+  const Node& node;
+
+  const Node& input(std::size_t k) const { return graph.nodes[static_cast<std::size_t>(node.inputs[k])]; }
+  [[noreturn]] void reject(std::string_view why) const {
+    fail<ValueError>("export_model: op '", node.op, "' ", why, " (MXNet's graph format cannot express it)");
+  }
+  std::string attr(std::string_view key) const { return graph::find_attr(node.attrs, key, node.op); }
+  // The node as MXNet's `op` with `attrs`, reading all of the node's inputs.
+  Written keep_all(std::string op, Attrs attrs = {}) const {
+    Written out{std::move(op), std::move(attrs), {}};
+    for (std::size_t k = 0; k < node.inputs.size(); ++k) out.inputs.push_back(k);
+    return out;
+  }
+  static std::string bool_text(bool v) { return mx_bool(v); }
+  // A graph node's attrs as MXNet spells them (booleans capitalised).
+  static Attrs mx_attrs(const Attrs& a) {
+    Attrs out;
+    for (const auto& [k, v] : a) out.emplace_back(k, v == "true" ? "True" : v == "false" ? "False" : v);
+    return out;
+  }
+};
+
 // One op of both directions.
 struct OpRow {
   std::string_view hybra;                 // graph op ("" for an MXNet spelling only read)
@@ -150,40 +156,6 @@ struct OpRow {
   std::function<Written(const Writing&)> write;
   std::function<Symbol(const Reading&)> read;
 };
-
-inline Written keep_all(const Writing& w, std::string op, Attrs attrs = {}) {
-  Written out{std::move(op), std::move(attrs), {}};
-  for (std::size_t k = 0; k < w.node.inputs.size(); ++k) out.inputs.push_back(k);
-  return out;
-}
-
-// Elementwise ops: the array-array spellings, the array-scalar spelling and,
-// for ops whose operands do not commute, the scalar-array spelling.
-struct Elementwise {
-  std::string_view hybra;
-  std::vector<std::string_view> arrays;
-  std::string_view scalar;
-  std::string_view reversed;  // scalar op x: "" when `op(s, x)` is `op(x, s)`
-  std::string_view mirrored_hybra = {};  // comparisons: op(s, x) = mirrored(x, s)
-};
-
-inline std::vector<Elementwise> elementwise_spellings() {
-  return {
-      {"add", {"broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus"}, "_plus_scalar", ""},
-      {"subtract", {"broadcast_sub", "elemwise_sub", "_minus", "_Minus", "broadcast_minus"}, "_minus_scalar", "_rminus_scalar"},
-      {"multiply", {"broadcast_mul", "elemwise_mul", "_mul", "_Mul"}, "_mul_scalar", ""},
-      {"divide", {"broadcast_div", "elemwise_div", "_div", "_Div"}, "_div_scalar", "_rdiv_scalar"},
-      {"pow", {"broadcast_power", "_power", "_Power"}, "_power_scalar", "_rpower_scalar"},
-      {"maximum", {"broadcast_maximum", "_maximum", "_Maximum"}, "_maximum_scalar", ""},
-      {"minimum", {"broadcast_minimum", "_minimum", "_Minimum"}, "_minimum_scalar", ""},
-      {"equal", {"broadcast_equal", "_equal"}, "_equal_scalar", ""},
-      {"not_equal", {"broadcast_not_equal", "_not_equal"}, "_not_equal_scalar", ""},
-      {"less", {"broadcast_lesser", "_lesser"}, "_lesser_scalar", "", "greater"},
-      {"less_equal", {"broadcast_lesser_equal", "_lesser_equal"}, "_lesser_equal_scalar", "", "greater_equal"},
-      {"greater", {"broadcast_greater", "_greater"}, "_greater_scalar", "", "less"},
-      {"greater_equal", {"broadcast_greater_equal", "_greater_equal"}, "_greater_equal_scalar", "", "less_equal"},
-  };
-}
 
 inline bool is_scalar(const Node& n) { return n.op == "scalar"; }
 
@@ -204,97 +176,94 @@ inline Symbol scalar_of(const Reading& r) {
   return graph::scalar_symbol(v);
 }
 
-inline std::vector<OpRow> elementwise_rows() {
-  std::vector<OpRow> rows;
-  for (const auto& e : elementwise_spellings()) {
-    rows.push_back(OpRow{
-        e.hybra, e.arrays,
-        [e](const Writing& w) -> Written {
-          const bool left = is_scalar(w.input(0)), right = is_scalar(w.input(1));
-          if (left && right) w.reject("has two scalar operands");
-          if (!left && !right) return keep_all(w, std::string(e.arrays.front()));
-          if (right) return Written{std::string(e.scalar), scalar_attrs(w.input(1)), {0}};
-          if (!e.mirrored_hybra.empty()) {
-            for (const auto& m : elementwise_spellings())
-              if (m.hybra == e.mirrored_hybra) return Written{std::string(m.scalar), scalar_attrs(w.input(0)), {1}};
-          }
-          return Written{std::string(e.reversed.empty() ? e.scalar : e.reversed), scalar_attrs(w.input(0)), {1}};
-        },
-        [e](const Reading& r) {
-          r.arity(2, 2);
-          return r.make(std::string(e.hybra));
-        }});
-    auto scalar_read = [e](bool reversed) {
-      return [e, reversed](const Reading& r) {
-        r.arity(1, 1);
-        Symbol s = scalar_of(r);
-        if (!reversed) return r.make(std::string(e.hybra), {}, {r.inputs[0], s});
-        return r.make(std::string(e.hybra), {}, {s, r.inputs[0]});
-      };
-    };
-    rows.push_back(OpRow{"", {e.scalar}, nullptr, scalar_read(false)});
-    if (!e.reversed.empty()) rows.push_back(OpRow{"", {e.reversed}, nullptr, scalar_read(true)});
-  }
-  // clip is maximum then minimum with scalars (hybra::clip), written as MXNet's two scalar ops.
-  rows.push_back(OpRow{"", {"clip"}, nullptr, [](const Reading& r) {
-                         r.arity(1, 1);
-                         if (!r.attr("a_min") || !r.attr("a_max")) r.reject("attrs 'a_min' and 'a_max' are needed");
-                         const Symbol low = graph::scalar_symbol(r.real("a_min", 0));
-                         const Symbol high = graph::scalar_symbol(r.real("a_max", 0));
-                         return r.make("minimum", {}, {r.make("maximum", {}, {r.inputs[0], low}), high});
-                       }});
-  for (std::string_view unary : {"negative", "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu"}) {
-    rows.push_back(OpRow{unary, {unary},
-                         [unary](const Writing& w) { return keep_all(w, std::string(unary)); },
-                         [unary](const Reading& r) {
-                           r.arity(1, 1);
-                           return r.make(std::string(unary));
-                         }});
-  }
-  rows.push_back(OpRow{"where", {"where"},
-                       [](const Writing& w) {
-                         for (std::size_t k = 0; k < 3; ++k)
-                           if (is_scalar(w.input(k))) w.reject("has a scalar operand");
-                         return keep_all(w, "where");
-                       },
-                       [](const Reading& r) {
-                         r.arity(3, 3);
-                         return r.make("where");
-                       }});
-  return rows;
+// An elementwise op's MXNet scalar spelling (array op scalar), by op name.
+inline std::string scalar_spelling(std::string_view hybra) {
+  std::string found;
+  op::for_each_op([&](auto op) {
+    using Op = decltype(op);
+    if constexpr (requires { Op::mxnet_scalar; })
+      if (Op::name == hybra) found = Op::mxnet_scalar;
+  });
+  return found;
 }
 
-inline OpRow reduction_row(std::string_view op) {
-  return OpRow{op, {op},
-               [op](const Writing& w) {
-                 Attrs a;
-                 const std::string axis = w.attr("axis");
-                 if (axis == "()") w.reject("reduces no axis");
-                 if (axis != "None") a.emplace_back("axis", axis);
-                 a.emplace_back("keepdims", mx_bool(graph::parse_bool(w.attr("keepdims"), op)));
-                 return keep_all(w, std::string(op), std::move(a));
-               },
-               [op](const Reading& r) {
-                 r.arity(1, 1);
-                 if (r.flag("exclude", false)) r.reject("exclude=True is not supported");
-                 auto axis = r.tuple("axis");
-                 return r.make(std::string(op), {{"axis", axis && !axis->empty() ? graph::attr_text(*axis) : "None"},
-                                                 {"keepdims", graph::attr_text(r.flag("keepdims", false))}});
-               }};
+// An elementwise op's rows, from its spellings (ops/elementwise.hpp): on
+// arrays; on an array and a scalar, which moves into the attrs; and for ops
+// whose operands do not commute, on a scalar and an array.
+template <class Op>
+void add_elementwise_rows(std::vector<OpRow>& rows) {
+  const std::string name(Op::name);
+  if constexpr (requires { Op::mxnet_activation; }) {
+    rows.push_back(OpRow{Op::name, {}, [](const Writing& w) {
+                           return w.keep_all("Activation", {{"act_type", std::string(Op::mxnet_activation)}});
+                         }, nullptr});
+  } else if constexpr (requires { Op::mxnet_scalar; }) {
+    rows.push_back(OpRow{
+        Op::name, std::vector<std::string_view>(std::begin(Op::mxnet), std::end(Op::mxnet)),
+        [](const Writing& w) -> Written {
+          const bool left = is_scalar(w.input(0)), right = is_scalar(w.input(1));
+          if (left && right) w.reject("has two scalar operands");
+          if (!left && !right) return w.keep_all(std::string(Op::mxnet[0]));
+          if (right) return Written{std::string(Op::mxnet_scalar), scalar_attrs(w.input(1)), {0}};
+          if constexpr (requires { Op::mirror; })
+            return Written{scalar_spelling(Op::mirror), scalar_attrs(w.input(0)), {1}};
+          else if constexpr (requires { Op::mxnet_reversed; })
+            return Written{std::string(Op::mxnet_reversed), scalar_attrs(w.input(0)), {1}};
+          else
+            return Written{std::string(Op::mxnet_scalar), scalar_attrs(w.input(0)), {1}};
+        },
+        [name](const Reading& r) {
+          r.arity(2, 2);
+          return r.make(name);
+        }});
+    auto scalar_read = [name](bool reversed) {
+      return [name, reversed](const Reading& r) {
+        r.arity(1, 1);
+        Symbol s = scalar_of(r);
+        if (!reversed) return r.make(name, {}, {r.inputs[0], s});
+        return r.make(name, {}, {s, r.inputs[0]});
+      };
+    };
+    rows.push_back(OpRow{"", {Op::mxnet_scalar}, nullptr, scalar_read(false)});
+    if constexpr (requires { Op::mxnet_reversed; })
+      rows.push_back(OpRow{"", {Op::mxnet_reversed}, nullptr, scalar_read(true)});
+  } else {
+    rows.push_back(OpRow{Op::name, std::vector<std::string_view>(std::begin(Op::mxnet), std::end(Op::mxnet)),
+                         [](const Writing& w) {
+                           for (std::size_t k = 0; k < w.node.inputs.size(); ++k)
+                             if (is_scalar(w.input(k))) w.reject("has a scalar operand");
+                           return w.keep_all(std::string(Op::mxnet[0]));
+                         },
+                         [name](const Reading& r) {
+                           r.arity(Op::arity, Op::arity);
+                           return r.make(name);
+                         }});
+  }
+}
+
+// Any other op's row: its entry's spellings, write and read.
+template <class Op>
+void add_rows(std::vector<OpRow>& rows) {
+  if constexpr (op::elementwise<Op>) {
+    add_elementwise_rows<Op>(rows);
+  } else if constexpr (!op::gradient_only<Op>) {
+    static_assert(requires(const Writing& w) { Op::write(w); },
+                  "hybra: an op needs write(w), its node as MXNet's (ops/op.hpp)");
+    constexpr bool readable = requires(const Reading& r) { Op::read(r); };
+    static_assert(readable || Op::mxnet.empty(), "hybra: an op with MXNet spellings needs read(r) (ops/op.hpp)");
+    OpRow row{Op::name, std::vector<std::string_view>(Op::mxnet.begin(), Op::mxnet.end()),
+              [](const Writing& w) -> Written { return Op::write(w); }, nullptr};
+    if constexpr (readable) row.read = [](const Reading& r) -> Symbol { return Op::read(r); };
+    rows.push_back(std::move(row));
+  }
 }
 
 HYBRA_SEPARABLE std::vector<OpRow> op_rows();
 #if HYBRA_DEFINE_SEPARABLE
 HYBRA_SEPARABLE std::vector<OpRow> op_rows() {
-  std::vector<OpRow> rows = elementwise_rows();
-  auto pass_through = [](std::string_view hybra, std::vector<std::string_view> mxnet) {
-    return OpRow{hybra, mxnet,
-                 [mxnet](const Writing& w) { return keep_all(w, std::string(mxnet.front())); },
-                 [hybra](const Reading& r) {
-                   r.arity(1, 1);
-                   return r.make(std::string(hybra));
-                 }};
-  };
+  std::vector<OpRow> rows;
+  op::for_each_op([&](auto op) { add_rows<decltype(op)>(rows); });
+  // MXNet spellings of compositions of hybra's ops, read only.
   rows.push_back(OpRow{"", {"Activation"}, nullptr, [](const Reading& r) {
                          r.arity(1, 1);
                          try {
@@ -307,209 +276,13 @@ HYBRA_SEPARABLE std::vector<OpRow> op_rows() {
                          r.arity(1, 1);
                          return r.inputs[0];
                        }});
-  auto product = [](std::string_view hybra) {
-    return OpRow{hybra, hybra == "dot" ? std::vector<std::string_view>{"dot"} : std::vector<std::string_view>{},
-                 [](const Writing& w) {
-                   for (std::size_t k = 0; k < 2; ++k)
-                     if (!w.input(k).meta.shape || w.input(k).meta.shape->size() > 2)
-                       w.reject("on operands of more than 2 dimensions");
-                   return keep_all(w, "dot");
-                 },
-                 [](const Reading& r) {
-                   r.arity(2, 2);
-                   if (r.flag("transpose_a", false) || r.flag("transpose_b", false))
-                     r.reject("transpose_a/transpose_b are not supported");
-                   return r.make("dot");
-                 }};
-  };
-  rows.push_back(product("dot"));
-  rows.push_back(product("matmul"));
-  for (std::string_view op : {"sum", "mean", "max", "min"}) rows.push_back(reduction_row(op));
-  rows.push_back(OpRow{"argmax", {"argmax"},
-                       [](const Writing& w) {
-                         Attrs a;
-                         if (w.attr("axis") != "None") a.emplace_back("axis", w.attr("axis"));
-                         a.emplace_back("keepdims", mx_bool(graph::parse_bool(w.attr("keepdims"), "argmax")));
-                         return keep_all(w, "argmax", std::move(a));
-                       },
-                       [](const Reading& r) {
+  // clip is maximum then minimum with scalars (hybra::clip), written as MXNet's two scalar ops.
+  rows.push_back(OpRow{"", {"clip"}, nullptr, [](const Reading& r) {
                          r.arity(1, 1);
-                         auto axis = r.parsed("axis", [](std::string_view t) { return graph::parse_int(t, "axis"); });
-                         return r.make("argmax", {{"axis", graph::attr_text(axis)},
-                                                  {"keepdims", graph::attr_text(r.flag("keepdims", false))}});
-                       }});
-  for (std::string_view op : {"softmax", "log_softmax"}) {
-    rows.push_back(OpRow{op, {op},
-                         [op](const Writing& w) { return keep_all(w, std::string(op), {{"axis", w.attr("axis")}}); },
-                         [op](const Reading& r) {
-                           r.arity(1, 1);
-                           if (r.attr("temperature") && r.real("temperature", 1) != 1) r.reject("temperature is not supported");
-                           return r.make(std::string(op), {{"axis", graph::attr_text(r.integer("axis", -1))}});
-                         }});
-  }
-  rows.push_back(OpRow{"reshape", {"Reshape", "reshape"},
-                       [](const Writing& w) { return keep_all(w, "Reshape", {{"shape", w.attr("shape")}}); },
-                       [](const Reading& r) {
-                         r.arity(1, 1);
-                         auto shape = r.tuple("shape");
-                         if (!shape) r.reject("attr 'shape' is missing");
-                         for (auto d : *shape)
-                           if (d == 0 || d < -1) r.reject("MXNet's special reshape codes (0, -2, -3, -4) are not supported");
-                         return r.make("reshape", {{"shape", graph::attr_text(*shape)}});
-                       }});
-  rows.push_back(OpRow{"transpose", {"transpose"},
-                       [](const Writing& w) {
-                         Attrs a;
-                         if (w.attr("axis") != "None") a.emplace_back("axes", w.attr("axis"));
-                         return keep_all(w, "transpose", std::move(a));
-                       },
-                       [](const Reading& r) {
-                         r.arity(1, 1);
-                         auto axes = r.tuple("axes");
-                         return r.make("transpose", {{"axis", axes && !axes->empty() ? graph::attr_text(*axes) : "None"}});
-                       }});
-  rows.push_back(OpRow{"slice", {"slice_axis"},
-                       [](const Writing& w) {
-                         if (w.attr("step") != "1") w.reject("with a step other than 1");
-                         return keep_all(w, "slice_axis",
-                                         {{"axis", w.attr("axis")}, {"begin", w.attr("begin")}, {"end", w.attr("end")}});
-                       },
-                       [](const Reading& r) {
-                         r.arity(1, 1);
-                         auto bound = [&](std::string_view key) {
-                           return r.parsed(key, [&](std::string_view t) { return graph::parse_int(t, key); });
-                         };
-                         return r.make("slice", {{"axis", graph::attr_text(r.integer("axis", 0))},
-                                                 {"begin", graph::attr_text(bound("begin"))},
-                                                 {"end", graph::attr_text(bound("end"))},
-                                                 {"step", "1"}});
-                       }});
-  rows.push_back(OpRow{"concat", {"Concat", "concat"},
-                       [](const Writing& w) {
-                         return keep_all(w, "Concat", {{"dim", w.attr("axis")}, {"num_args", std::to_string(w.node.inputs.size())}});
-                       },
-                       [](const Reading& r) {
-                         r.arity(1, static_cast<std::size_t>(-1));
-                         if (r.integer("num_args", static_cast<std::int64_t>(r.inputs.size())) !=
-                             static_cast<std::int64_t>(r.inputs.size()))
-                           r.reject("attr 'num_args' does not match its " + std::to_string(r.inputs.size()) + " inputs");
-                         return r.make("concat", {{"axis", graph::attr_text(r.integer("dim", 1))}});
-                       }});
-  rows.push_back(OpRow{"astype", {"Cast", "cast"},
-                       [](const Writing& w) { return keep_all(w, "Cast", {{"dtype", w.attr("dtype")}}); },
-                       [](const Reading& r) {
-                         r.arity(1, 1);
-                         auto d = r.attr("dtype");
-                         if (!d) r.reject("attr 'dtype' is missing");
-                         return r.make("astype", {{"dtype", *d}});
-                       }});
-  rows.push_back(pass_through("flatten", {"Flatten", "flatten"}));
-  rows.push_back(OpRow{"broadcast_to", {"broadcast_to"},
-                       [](const Writing& w) { return keep_all(w, "broadcast_to", {{"shape", w.attr("shape")}}); },
-                       [](const Reading& r) {
-                         r.arity(1, 1);
-                         auto shape = r.tuple("shape");
-                         if (!shape) r.reject("attr 'shape' is missing");
-                         for (auto d : *shape)
-                           if (d <= 0) r.reject("MXNet's 0 (keep this dimension) in 'shape' is not supported");
-                         return r.make("broadcast_to", {{"shape", graph::attr_text(*shape)}});
-                       }});
-  rows.push_back(OpRow{"fully_connected", {"FullyConnected"},
-                       [](const Writing& w) {
-                         const auto& weight = w.input(1).meta.shape;
-                         return keep_all(w, "FullyConnected",
-                                         {{"num_hidden", std::to_string(weight ? (*weight)[0] : 0)},
-                                          {"no_bias", mx_bool(w.node.inputs.size() == 2)},
-                                          {"flatten", "True"}});
-                       },
-                       [](const Reading& r) {
-                         const bool no_bias = r.flag("no_bias", false);
-                         r.arity(no_bias ? 2 : 3, no_bias ? 2 : 3);
-                         if (!r.flag("flatten", true)) r.reject("flatten=False is not supported");
-                         const auto hidden = r.integer("num_hidden", 0);
-                         if (r.inputs[1].has_shape() && !r.inputs[1].shape().empty() && r.inputs[1].shape()[0] != hidden)
-                           r.reject("attr 'num_hidden' = " + std::to_string(hidden) + " does not match weight of shape " +
-                                    to_string(r.inputs[1].shape()));
-                         return r.make("fully_connected");
-                       }});
-  rows.push_back(OpRow{"dropout", {"Dropout"},
-                       [](const Writing& w) { return keep_all(w, "Dropout", {{"p", w.attr("rate")}, {"mode", "training"}}); },
-                       [](const Reading& r) {
-                         r.arity(1, 1);
-                         r.require("mode", "training", "training");  // 'always' drops while predicting too
-                         r.require("axes", "()", "()");              // one mask shared along axes
-                         return r.make("dropout", {{"rate", graph::attr_text(r.real("p", 0.5))}});
-                       }});
-  rows.push_back(OpRow{"conv2d", {"Convolution"},
-                       [](const Writing& w) {
-                         Attrs a = mx_attrs(w.node.attrs);
-                         a.emplace_back("layout", "NCHW");
-                         return keep_all(w, "Convolution", std::move(a));
-                       },
-                       [](const Reading& r) {
-                         const bool no_bias = r.flag("no_bias", false);
-                         r.arity(no_bias ? 2 : 3, no_bias ? 2 : 3);
-                         r.layout_nchw();
-                         if (!r.tuple("kernel")) r.reject("attr 'kernel' is missing");
-                         return r.make("conv2d", {{"kernel", r.window("kernel", 1)},
-                                                  {"stride", r.window("stride", 1)},
-                                                  {"pad", r.window("pad", 0)},
-                                                  {"dilate", r.window("dilate", 1)},
-                                                  {"num_group", graph::attr_text(r.integer("num_group", 1))},
-                                                  {"num_filter", graph::attr_text(r.integer("num_filter", 0))},
-                                                  {"no_bias", graph::attr_text(no_bias)}});
-                       }});
-  rows.push_back(OpRow{"pool2d", {"Pooling"},
-                       [](const Writing& w) {
-                         Attrs a = mx_attrs(w.node.attrs);
-                         a.emplace_back("layout", "NCHW");
-                         return keep_all(w, "Pooling", std::move(a));
-                       },
-                       [](const Reading& r) {
-                         r.arity(1, 1);
-                         r.layout_nchw();
-                         const bool global = r.flag("global_pool", false);
-                         const std::string type = r.attr("pool_type").value_or("max");
-                         if (type != "max" && type != "avg") r.reject("pool_type '" + type + "' is not supported (max or avg)");
-                         const std::string convention = r.attr("pooling_convention").value_or("valid");
-                         if (convention != "valid" && convention != "full")
-                           r.reject("pooling_convention '" + convention + "' is not supported (valid or full)");
-                         if (!global && !r.tuple("kernel")) r.reject("attr 'kernel' is missing");
-                         return r.make("pool2d", {{"kernel", r.window("kernel", 1)},
-                                                  {"stride", r.window("stride", 1)},
-                                                  {"pad", r.window("pad", 0)},
-                                                  {"pool_type", type},
-                                                  {"global_pool", graph::attr_text(global)},
-                                                  {"count_include_pad", graph::attr_text(r.flag("count_include_pad", true))},
-                                                  {"pooling_convention", global ? "valid" : convention}});
-                       }});
-  rows.push_back(OpRow{"batch_norm", {"BatchNorm"},
-                       [](const Writing& w) {
-                         Written out = keep_all(w, "BatchNorm",
-                                                {{"eps", w.attr("eps")},
-                                                 {"axis", w.attr("axis")},
-                                                 {"momentum", "0.9"},
-                                                 {"fix_gamma", "False"},
-                                                 {"use_global_stats", "False"}});
-                         out.outputs = 3;  // MXNet's BatchNorm also outputs the batch mean and variance
-                         out.aux = {3, 4};
-                         return out;
-                       },
-                       [](const Reading& r) {
-                         r.arity(5, 5);
-                         if (r.flag("output_mean_var", false)) r.reject("output_mean_var=True is not supported");
-                         // Training with the running statistics instead of the batch's.
-                         if (r.flag("use_global_stats", false)) r.reject("use_global_stats=True is not supported");
-                         // How a training step would update the running statistics: not part of the graph.
-                         r.attr("momentum");
-                         std::vector<Symbol> in(r.inputs.begin(), r.inputs.end());
-                         if (r.flag("fix_gamma", true)) {
-                           if (!in[1].has_shape()) r.reject("fix_gamma=True needs the shape of gamma (give the parameter file)");
-                           in[1] = sym::constant(ones(in[1].shape(), in[1].dtype()));
-                         }
-                         return r.make("batch_norm", {{"eps", graph::attr_text(r.real("eps", 1e-3))},
-                                                      {"axis", graph::attr_text(r.integer("axis", 1))}},
-                                       std::move(in));
+                         if (!r.attr("a_min") || !r.attr("a_max")) r.reject("attrs 'a_min' and 'a_max' are needed");
+                         const Symbol low = graph::scalar_symbol(r.real("a_min", 0));
+                         const Symbol high = graph::scalar_symbol(r.real("a_max", 0));
+                         return r.make("minimum", {}, {r.make("maximum", {}, {r.inputs[0], low}), high});
                        }});
   return rows;
 }

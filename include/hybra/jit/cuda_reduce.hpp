@@ -108,7 +108,7 @@ void run_reduce_plan(const ReducePlan& plan, const void* input, void* result, vo
 
 namespace detail {
 
-inline std::string_view reduction_name(Reduction r) {
+constexpr std::string_view reduction_name(Reduction r) {
   switch (r) {
     case Reduction::sum: return "sum";
     case Reduction::mean: return "mean";

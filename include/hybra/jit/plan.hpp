@@ -23,6 +23,7 @@
 // would take with a buffer each.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -32,7 +33,8 @@
 #include <string_view>
 #include <vector>
 
-#include "../autograd/mode.hpp"
+#include "../core/mode.hpp"
+#include "../core/debug.hpp"
 #include "../engine/push.hpp"
 #include "../graph/passes.hpp"
 #include "../backend/cpu/fused_loop.hpp"
@@ -56,6 +58,7 @@ class Plan {
     s.name = std::move(name);
     s.device = device;
     build();
+    if (debug::at(debug::plans)) describe();
   }
 
   const graph::Graph& graph() const { return state_->graph; }
@@ -190,7 +193,7 @@ class Plan {
   // the same tensors (a block's parameters, an input used again) shares them
   // again, without copying a handle: each reference count changed per call
   // would move its cache line between the calling thread and the worker that
-  // lets go of the op's handles (~1 us per call of bench_hybridize's MLP).
+  // lets go of the op's handles (a measurable share of bench_hybridize's MLP call).
   // The price: the latest inputs stay alive until the next call.
   class HeldInputs {
    public:
@@ -226,6 +229,33 @@ class Plan {
 
   void build();
   void build_gpu(const std::vector<Tensor>& layout);
+  static std::string_view kind_name(Kind k) {
+    switch (k) {
+      case Kind::input: return "input";
+      case Kind::constant: return "constant";
+      case Kind::fused: return "fused";
+      case Kind::product: return "product";
+      case Kind::launch: return "launch";
+      case Kind::eager: return "eager";
+    }
+    return "?";
+  }
+  // HYBRA_DEBUG's plan summary (core/debug.hpp).
+  void describe() const {
+    const auto& s = *state_;
+    std::string counts;
+    std::ptrdiff_t work = 0;
+    for (Kind k : {Kind::fused, Kind::product, Kind::launch, Kind::eager}) {
+      const auto n = std::count_if(s.steps.begin(), s.steps.end(), [k](const Step& step) { return step.kind == k; });
+      if (n) counts += hybra::detail::concat(counts.empty() ? "" : ", ", n, ' ', kind_name(k));
+      work += n;
+    }
+    debug::print("plan '", s.name, "' on ", s.device, ": ", work, " steps (", counts, "), workspace ",
+                 s.peak_bytes, " bytes (", s.unplanned_bytes, " unplanned), ",
+                 s.length == engine::OpLength::brief ? "brief" : "not brief",
+                 s.device.kind == DeviceKind::cuda ? (s.replayable ? ", replays a CUDA graph" : ", runs its steps") : "",
+                 debug::at(debug::code) ? hybra::detail::concat("\n", graph::to_string(s.graph)) : std::string());
+  }
 
   std::shared_ptr<State> state_;
   std::shared_ptr<HeldInputs> held_ = std::make_shared<HeldInputs>();
@@ -246,13 +276,8 @@ inline bool product_kernel(const graph::Node& n, std::span<const Tensor> in) {
 // A conv2d node's sizes, from its operands and attributes (which inference
 // has already checked with the eager op).
 inline hybra::detail::nn::Conv2dGeometry conv2d_geometry(const graph::Node& n, std::span<const Tensor> in) {
-  auto size2d = [&](std::string_view key) {
-    auto v = graph::parse_tuple(graph::find_attr(n.attrs, key, n.op), n.op);
-    return v.size() == 1 ? Size2d(v[0]) : Size2d(v.at(0), v.at(1));
-  };
-  const std::int64_t groups = graph::parse_int(graph::find_attr(n.attrs, "num_group", n.op), n.op);
-  return hybra::detail::nn::conv2d_geometry(in[0].shape(), in[1].shape(), size2d("stride"), size2d("pad"),
-                                            size2d("dilate"), groups);
+  const auto w = hybra::detail::nn::ConvWindow::read(n.attrs, n.op);
+  return hybra::detail::nn::conv2d_geometry(in[0].shape(), in[1].shape(), w.stride, w.pad, w.dilate, w.groups);
 }
 
 // A node's launches on a GPU (graph::OpDef::cuda_launch), where its op has
@@ -322,9 +347,10 @@ inline bool relu_of_product(const backend::cpu::FusedProgram& p) {
 }
 
 // Whether a call is brief (engine.hpp): every value it touches fits in
-// 1 MiB and its products do at most 2^20 multiply-adds. The chapter's batch-1
-// MLP (656 KiB of weights, 164k multiply-adds) runs in ~5 us, while handing a
-// call to a worker and waiting for it costs ~2.5 us on two cores.
+// 1 MiB and its products do at most 2^20 multiply-adds: the chapter's batch-1
+// MLP (656 KiB of weights, 164k multiply-adds) is of that size, and handing
+// such a call to a worker and waiting for it costs half as long as the call
+// (docs/benchmarks.md, "Figures behind constants of the code").
 inline bool is_brief(const graph::Graph& g, const std::vector<Tensor>& layout) {
   constexpr std::int64_t brief_bytes = std::int64_t{1} << 20, brief_multiply_adds = std::int64_t{1} << 20;
   std::int64_t bytes = 0, products = 0;
@@ -581,9 +607,12 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
     args.push_back(&n);
     backend::cuda::gpu(device.id).launch(step.kernel, n, args.data(), name);
   };
+  const bool timed = debug::at(debug::timings);
+  std::string times;
   for (const auto& step : steps) {
     const auto i = static_cast<std::size_t>(step.node);
     const auto& n = graph.nodes[i];
+    const auto started = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     switch (step.kind) {
       case Kind::input:
         values[i] = &inputs[next_input++];
@@ -655,7 +684,15 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
         break;
       }
     }
+    if (timed && step.kind != Kind::input && step.kind != Kind::constant) {
+      const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - started;
+      times += hybra::detail::concat("\n  step ", &step - steps.data(), ' ', kind_name(step.kind), ' ', n.op, ": ",
+                                     took.count(), " us");
+    }
   }
+  if (timed)
+    debug::print("plan '", name, "' call", device.kind == DeviceKind::cuda ? " (host time to queue each step)" : "",
+                 ':', times);
 }
 
 inline void Plan::State::write_outputs(const Outputs& outputs) const {

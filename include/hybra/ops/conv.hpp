@@ -12,13 +12,9 @@
 // product is hybra's own kernel below, not OpenBLAS's GEMM: F is small in
 // the layers it serves (6 and 16 in LeNet-5), where a GEMM packs its
 // operands for little reuse, and OpenBLAS 0.3.21 takes the development
-// machine for a Prescott (SSE3 kernels, backend/cpu/gemv.hpp). One thread
-// of that machine (AVX-512), float32, ms per call:
-//
-//                                              this file   im2col + OpenBLAS sgemm
-//     (256, 1, 28, 28) * (6, 1, 5, 5), pad 2      0.67           3.6
-//     (256, 6, 14, 14) * (16, 6, 5, 5)            1.18           5.5
-//     (8, 64, 56, 56) * (64, 64, 3, 3), pad 1    11.7           61
+// machine for a Prescott (SSE3 kernels, backend/cpu/gemv.hpp): this file's
+// product beat im2col with OpenBLAS's sgemm on LeNet's layers and on a
+// ResNet 3x3 layer (docs/benchmarks.md, "Figures behind constants of the code").
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -909,7 +905,7 @@ inline Tensor batch_norm_op(Tensor x, const Tensor& gamma, const Tensor& beta, c
 }  // namespace detail::nn
 
 // The ops' node attributes, as MXNet's Convolution, Pooling and BatchNorm
-// name them (graph/registry.hpp reads them back).
+// name them (read back by ConvWindow and PoolWindow below).
 inline std::string size2d_text(Size2d s) { return graph::attr_text(std::vector<std::int64_t>{s.h, s.w}); }
 inline graph::Attrs conv2d_attrs(const Shape& weight, Size2d stride, Size2d padding, Size2d dilation,
                                  std::int64_t groups, bool has_bias) {
@@ -937,6 +933,55 @@ inline graph::Attrs pool2d_attrs(std::string type, bool global, Size2d kernel, S
 inline graph::Attrs batch_norm_attrs(double eps, std::int64_t axis) {
   return {{"eps", graph::attr_text(eps)}, {"axis", graph::attr_text(axis)}};
 }
+
+namespace detail::nn {
+// A (height, width) attribute: "(2, 3)", or one number for both.
+inline Size2d size2d_attr(const graph::Attrs& a, std::string_view key, std::string_view op) {
+  auto v = graph::parse_tuple(graph::find_attr(a, key, op), op);
+  if (v.size() == 1) return Size2d(v[0]);
+  if (v.size() != 2)
+    fail<ValueError>(op, ": attribute ", key, " '", graph::find_attr(a, key, op), "' is not a (height, width) pair");
+  return Size2d(v[0], v[1]);
+}
+// A conv2d node's window (conv2d_attrs), which its gradients and the plan read too.
+struct ConvWindow {
+  Size2d stride, pad, dilate;
+  std::int64_t groups;
+  static ConvWindow read(const graph::Attrs& a, std::string_view op) {
+    return {size2d_attr(a, "stride", op), size2d_attr(a, "pad", op), size2d_attr(a, "dilate", op),
+            graph::int_attr(a, "num_group", op)};
+  }
+};
+// A pool2d node's attributes (pool2d_attrs), which its gradient reads too.
+// A global pool's window is its input's whole plane: kernel, stride and pad
+// are not read.
+struct PoolWindow {
+  bool max, global;
+  Size2d kernel, stride, pad;
+  bool count_include_pad;
+  PoolingConvention convention;
+  static PoolWindow read(const graph::Attrs& a, std::string_view op) {
+    const std::string& type = graph::find_attr(a, "pool_type", op);
+    if (type != "max" && type != "avg") fail<ValueError>(op, ": pool_type '", type, "' is not max or avg");
+    if (graph::bool_attr(a, "global_pool", op)) return {type == "max", true, 1, 1, 0, true, PoolingConvention::valid};
+    return {type == "max", false, size2d_attr(a, "kernel", op), size2d_attr(a, "stride", op), size2d_attr(a, "pad", op),
+            graph::bool_attr(a, "count_include_pad", op),
+            parse_pooling_convention(graph::find_attr(a, "pooling_convention", op), op)};
+  }
+};
+// A GEMM-like op's multiply-adds: one per weight of one filter (weights first
+// by filter) for each element of `per`.
+inline std::int64_t per_filter(const Tensor& w) {
+  return w.ndim() ? w.size() / std::max<std::int64_t>(1, w.shape()[0]) : std::int64_t{0};
+}
+// Convolution and Pooling as MXNet writes them: hybra's attrs, NCHW.
+template <class W>
+auto write_nchw(const W& w, std::string op) {
+  graph::Attrs a = w.mx_attrs(w.node.attrs);
+  a.emplace_back("layout", "NCHW");
+  return w.keep_all(std::move(op), std::move(a));
+}
+}  // namespace detail::nn
 
 // MXNet's Convolution, NCHW: x (N, C, H, W), weight (F, C / groups, KH, KW),
 // bias (F,) or an empty Tensor for none; out (N, F, OH, OW) with OH =
@@ -1004,5 +1049,169 @@ Tensor batch_norm(X&& x, const Tensor& gamma, const Tensor& beta, const Tensor& 
   return rec.output(detail::nn::batch_norm_op(data, gamma, beta, running_mean, running_var, eps, axis),
                     [&] { return batch_norm_attrs(eps, axis); });
 }
+
+namespace op {
+
+// (data, weight) with no_bias, or (data, weight, bias). kernel, num_filter
+// and no_bias restate the weight's and bias's shapes (MXNet's Convolution
+// needs them).
+struct conv2d {
+  static constexpr std::string_view name = "conv2d";
+  static constexpr int arity = -1;
+  static constexpr bool product = true;
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    const bool no_bias = graph::bool_attr(a, "no_bias", name);
+    if (in.size() != (no_bias ? 2u : 3u))
+      fail<ValueError>("conv2d: takes ", no_bias ? "(data, weight) with no_bias" : "(data, weight, bias)", ", not ",
+                       in.size(), " inputs");
+    const Size2d kernel = hybra::detail::nn::size2d_attr(a, "kernel", name);
+    const std::int64_t filters = graph::int_attr(a, "num_filter", name);
+    const Shape& w = in[1].shape();
+    if (w.size() != 4 || w[0] != filters || w[2] != kernel.h || w[3] != kernel.w)
+      fail<ShapeError>("conv2d: weight of shape ", hybra::to_string(w), " does not match num_filter=", filters,
+                       " kernel=", kernel);
+    const auto window = hybra::detail::nn::ConvWindow::read(a, name);
+    return hybra::conv2d(in[0], in[1], no_bias ? Tensor{} : in[2], window.stride, window.pad, window.dilate,
+                         window.groups);
+  }
+  static std::int64_t multiply_adds(std::span<const Tensor> in, const Tensor& out) {
+    return out.size() * hybra::detail::nn::per_filter(in[1]);
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    const auto window = hybra::detail::nn::ConvWindow::read(a, name);
+    return hybra::detail::nn::cuda_conv2d_launch(in, window.stride, window.pad, window.dilate, window.groups, gpu);
+  }
+  template <class G>
+  static auto gradient(const G& g) {
+    auto r = g.grads();
+    r.resize(g.in.size());
+    if (g.wanted[0]) r[0] = g.make("conv2d_backward_data", g.with_shape(g.attrs, g.shape(0)), {g.dy, g.in[1]});
+    if (g.wanted[1]) r[1] = g.make("conv2d_backward_weight", g.with_shape(g.attrs, g.shape(1)), {g.dy, g.in[0]});
+    if (g.in.size() == 3 && g.wanted[2]) r[2] = g.sum(g.dy, std::vector<std::int64_t>{0, 2, 3}, false);
+    return r;
+  }
+  static constexpr std::array<std::string_view, 1> mxnet{"Convolution"};
+  template <class W> static auto write(const W& w) { return hybra::detail::nn::write_nchw(w, "Convolution"); }
+  template <class R>
+  static auto read(const R& r) {
+    const bool no_bias = r.flag("no_bias", false);
+    r.arity(no_bias ? 2 : 3, no_bias ? 2 : 3);
+    r.layout_nchw();
+    if (!r.tuple("kernel")) r.reject("attr 'kernel' is missing");
+    return r.make("conv2d", {{"kernel", r.window("kernel", 1)},
+                             {"stride", r.window("stride", 1)},
+                             {"pad", r.window("pad", 0)},
+                             {"dilate", r.window("dilate", 1)},
+                             {"num_group", graph::attr_text(r.integer("num_group", 1))},
+                             {"num_filter", graph::attr_text(r.integer("num_filter", 0))},
+                             {"no_bias", graph::attr_text(no_bias)}});
+  }
+};
+
+struct pool2d {
+  static constexpr std::string_view name = "pool2d";
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    const auto p = hybra::detail::nn::PoolWindow::read(a, name);
+    if (p.global) return p.max ? hybra::global_max_pool2d(in[0]) : hybra::global_avg_pool2d(in[0]);
+    if (p.max) return hybra::max_pool2d(in[0], p.kernel, p.stride, p.pad, p.convention);
+    return hybra::avg_pool2d(in[0], p.kernel, p.stride, p.pad, p.count_include_pad, p.convention);
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    const auto p = hybra::detail::nn::PoolWindow::read(a, name);
+    return hybra::detail::nn::cuda_pool2d_launch(in[0], p.max, p.global, p.kernel, p.stride, p.pad, p.count_include_pad,
+                                          p.convention, gpu);
+  }
+  template <class G> static auto gradient(const G& g) {
+    return g.grads(g.make("pool2d_backward", g.attrs, {g.dy, g.in[0]}));
+  }
+  static constexpr std::array<std::string_view, 1> mxnet{"Pooling"};
+  template <class W> static auto write(const W& w) { return hybra::detail::nn::write_nchw(w, "Pooling"); }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    r.layout_nchw();
+    const bool global = r.flag("global_pool", false);
+    const std::string type = r.attr("pool_type").value_or("max");
+    if (type != "max" && type != "avg") r.reject("pool_type '" + type + "' is not supported (max or avg)");
+    const std::string convention = r.attr("pooling_convention").value_or("valid");
+    if (convention != "valid" && convention != "full")
+      r.reject("pooling_convention '" + convention + "' is not supported (valid or full)");
+    if (!global && !r.tuple("kernel")) r.reject("attr 'kernel' is missing");
+    return r.make("pool2d", {{"kernel", r.window("kernel", 1)},
+                             {"stride", r.window("stride", 1)},
+                             {"pad", r.window("pad", 0)},
+                             {"pool_type", type},
+                             {"global_pool", graph::attr_text(global)},
+                             {"count_include_pad", graph::attr_text(r.flag("count_include_pad", true))},
+                             {"pooling_convention", global ? "valid" : convention}});
+  }
+};
+
+// (x, gamma, beta, running_mean, running_var).
+struct batch_norm {
+  static constexpr std::string_view name = "batch_norm";
+  static constexpr int arity = 5;
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    return hybra::batch_norm(in[0], in[1], in[2], in[3], in[4], graph::double_attr(a, "eps", name),
+                             graph::int_attr(a, "axis", name));
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    return hybra::detail::nn::cuda_batch_norm_launch(in, graph::double_attr(a, "eps", name), graph::int_attr(a, "axis", name),
+                                              gpu);
+  }
+  // The inference form: the running statistics are constants of the forward
+  // (auxiliary states), so only x, gamma and beta get gradients.
+  template <class G>
+  static auto gradient(const G& g) {
+    const Shape& x = g.shape(0);
+    const auto axis = static_cast<std::size_t>(normalize_axis(g.int_attr("axis"), x.size(), "gradient"));
+    const double eps = graph::double_attr(g.attrs, "eps", "gradient");
+    Shape channel(x.size(), 1);
+    channel[axis] = x[axis];
+    std::vector<std::int64_t> others;
+    for (std::size_t d = 0; d < x.size(); ++d)
+      if (d != axis) others.push_back(static_cast<std::int64_t>(d));
+    auto rstd = g.reshape(g.sym(1 / g.sqrt(g.in[4] + eps)), channel);
+    auto r = g.grads();
+    r.resize(5);
+    if (g.wanted[0]) r[0] = g.sym(g.dy * g.reshape(g.in[1], channel) * rstd);
+    if (g.wanted[1]) r[1] = g.sum(g.sym(g.dy * (g.in[0] - g.reshape(g.in[3], channel)) * rstd), others, false);
+    if (g.wanted[2]) r[2] = g.sum(g.dy, others, false);
+    return r;
+  }
+  static constexpr std::array<std::string_view, 1> mxnet{"BatchNorm"};
+  template <class W>
+  static auto write(const W& w) {
+    auto out = w.keep_all("BatchNorm", {{"eps", w.attr("eps")},
+                                        {"axis", w.attr("axis")},
+                                        {"momentum", "0.9"},
+                                        {"fix_gamma", "False"},
+                                        {"use_global_stats", "False"}});
+    out.outputs = 3;  // MXNet's BatchNorm also outputs the batch mean and variance
+    out.aux = {3, 4};
+    return out;
+  }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(5, 5);
+    if (r.flag("output_mean_var", false)) r.reject("output_mean_var=True is not supported");
+    // Training with the running statistics instead of the batch's.
+    if (r.flag("use_global_stats", false)) r.reject("use_global_stats=True is not supported");
+    // How a training step would update the running statistics: not part of the graph.
+    r.attr("momentum");
+    auto in = r.operands();
+    if (r.flag("fix_gamma", true)) {
+      if (!in[1].has_shape()) r.reject("fix_gamma=True needs the shape of gamma (give the parameter file)");
+      in[1] = r.constant(ones(in[1].shape(), in[1].dtype()));
+    }
+    return r.make("batch_norm", {{"eps", graph::attr_text(r.real("eps", 1e-3))}, {"axis", graph::attr_text(r.integer("axis", 1))}},
+                  std::move(in));
+  }
+};
+
+}  // namespace op
 
 }  // namespace hybra

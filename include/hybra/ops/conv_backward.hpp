@@ -944,4 +944,76 @@ inline Tensor pool2d_backward(const Tensor& dy, const Tensor& x, bool max, Size2
   return dx;
 }
 
+namespace op {
+
+// conv2d's gradients: (dy, weight) and (dy, data), with the forward conv2d's
+// attributes and the shape of what they return.
+struct conv2d_backward_data {
+  static constexpr std::string_view name = "conv2d_backward_data";
+  static constexpr int arity = 2;
+  static constexpr bool gradient_only = true;
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    const auto w = hybra::detail::nn::ConvWindow::read(a, name);
+    return hybra::conv2d_backward_data(in[0], in[1], graph::shape_attr(a, "shape", name), w.stride, w.pad, w.dilate,
+                                       w.groups);
+  }
+  static std::int64_t multiply_adds(std::span<const Tensor> in, const Tensor&) {
+    return in[0].size() * hybra::detail::nn::per_filter(in[1]);
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    const auto w = hybra::detail::nn::ConvWindow::read(a, name);
+    return hybra::detail::nn::cuda_conv2d_backward_launch(jit::ConvPass::backward_data, in, out.shape(), w.stride, w.pad,
+                                                   w.dilate, w.groups, gpu);
+  }
+};
+struct conv2d_backward_weight {
+  static constexpr std::string_view name = "conv2d_backward_weight";
+  static constexpr int arity = 2;
+  static constexpr bool gradient_only = true;
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    const auto w = hybra::detail::nn::ConvWindow::read(a, name);
+    return hybra::conv2d_backward_weight(in[0], in[1], graph::shape_attr(a, "shape", name), w.stride, w.pad, w.dilate,
+                                         w.groups);
+  }
+  static std::int64_t multiply_adds(std::span<const Tensor> in, const Tensor& out) {
+    return in[0].size() * hybra::detail::nn::per_filter(out);
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    const auto w = hybra::detail::nn::ConvWindow::read(a, name);
+    return hybra::detail::nn::cuda_conv2d_backward_launch(jit::ConvPass::backward_weight, in, out.shape(), w.stride, w.pad,
+                                                   w.dilate, w.groups, gpu);
+  }
+};
+
+// pool2d's gradient: (dy, data), with the forward pool2d's attributes.
+struct pool2d_backward {
+  static constexpr std::string_view name = "pool2d_backward";
+  static constexpr int arity = 2;
+  static constexpr bool gradient_only = true;
+  // A global pool's window is the input's whole plane.
+  static hybra::detail::nn::PoolWindow window(std::span<const Tensor> in, const graph::Attrs& a) {
+    auto p = hybra::detail::nn::PoolWindow::read(a, name);
+    if (p.global) {
+      const Shape& s = in[1].shape();
+      if (s.size() != 4) fail<ShapeError>(name, ": input of shape ", hybra::to_string(s), " is not 4-d");
+      p.kernel = Size2d(s[2], s[3]);
+    }
+    return p;
+  }
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    const auto p = window(in, a);
+    return hybra::pool2d_backward(in[0], in[1], p.max, p.kernel, p.stride, p.pad, p.count_include_pad, p.convention);
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    const auto p = window(in, a);
+    return hybra::detail::nn::cuda_pool2d_backward_launch(in, p.max, p.kernel, p.stride, p.pad, p.count_include_pad,
+                                                   p.convention, gpu);
+  }
+};
+
+}  // namespace op
+
 }  // namespace hybra

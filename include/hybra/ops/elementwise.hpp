@@ -1,26 +1,33 @@
 #pragma once
 // The op table for elementwise ops: one struct per op, read by every layer
 // that needs to know an op (fused CPU kernels, printing, dtype rules; the
-// symbolic graph, code generation and autograd read the same entries).
-//
-// An entry has:
-//   name    the op's name (also used in error messages)
+// symbolic graph, code generation, autograd and model files read the same
+// entries). Every op, elementwise or not, follows the contract of ops/op.hpp;
+// an elementwise entry has, besides:
 //   symbol  the C++ infix operator, or "" for a function-call op
-//   arity   number of operands
 //   rule    how the result dtype follows from the operands' (DTypeRule)
 //   apply   the scalar function, on operands already converted to the
 //           compute type (for `where`, the condition comes first as a bool)
 //   costly  true when apply costs tens of instructions per element (a call
 //           into vector math on the CPU): a fused loop containing such an op
 //           is compute-bound and prefetches its operands (expr/evaluate.hpp)
+//   mxnet   MXNet's spellings on arrays (the first is written; default: the
+//           name); binary ops also `mxnet_scalar` (array op scalar), and where
+//           operands do not commute `mxnet_reversed` (scalar op array) or, for
+//           comparisons, `mirror` (the op that is this one with operands
+//           swapped); an op MXNet has only as an Activation, its
+//           `mxnet_activation` (act_type) instead
+// A new op is one struct here and its name in HYBRA_ELEMENTWISE_OPS (and in
+// HYBRA_ELEMENTWISE_FUNCTIONS when it is called by name, as exp(x) is).
 //
-// The entries up to `where` are also CUDA device code: NVRTC compiles this
-// header into every generated kernel (jit/cuda_source.hpp), which calls
-// Op::apply as the CPU loops do. NVRTC has no host standard library, so
-// there NVRTC's built-in math functions and the few traits below stand in for
-// <cmath> and <type_traits> (libcu++'s headers would cost most of each
-// compile: docs/cuda.md), and the dtype rules below, which are host-only,
-// are left out.
+// The entries are also CUDA device code: NVRTC compiles this header into
+// every generated kernel (jit/cuda_source.hpp), which calls Op::apply as the
+// CPU loops do. NVRTC has no host standard library, so there NVRTC's built-in
+// math functions and the few traits below stand in for <cmath> and
+// <type_traits> (libcu++'s headers would cost most of each compile:
+// docs/cuda.md), and the dtype rules below, which are host-only, are left
+// out. The gradients are templates over autograd's gradient builder, never
+// instantiated there.
 #ifndef __CUDACC_RTC__
 #include <cmath>
 #include <cstdint>
@@ -39,6 +46,7 @@ namespace hybra::op {
 namespace math {
 using ::exp;
 using ::log;
+using ::log1p;
 using ::pow;
 using ::sqrt;
 using ::tanh;
@@ -102,93 +110,132 @@ struct entry {
   static constexpr int arity = Arity;
   static constexpr DTypeRule rule = Rule;
   static constexpr bool costly = false;
+  static constexpr text mxnet[] = {Name};
 };
 
-#define HYBRA_OP_NAME(id, spelling) inline constexpr text id##_name = spelling;
-HYBRA_OP_NAME(none, "")
-HYBRA_OP_NAME(add, "add") HYBRA_OP_NAME(plus, "+")
-HYBRA_OP_NAME(subtract, "subtract") HYBRA_OP_NAME(minus, "-")
-HYBRA_OP_NAME(multiply, "multiply") HYBRA_OP_NAME(times, "*")
-HYBRA_OP_NAME(divide, "divide") HYBRA_OP_NAME(slash, "/")
-HYBRA_OP_NAME(negative, "negative")
-HYBRA_OP_NAME(less, "less") HYBRA_OP_NAME(lt, "<")
-HYBRA_OP_NAME(less_equal, "less_equal") HYBRA_OP_NAME(le, "<=")
-HYBRA_OP_NAME(greater, "greater") HYBRA_OP_NAME(gt, ">")
-HYBRA_OP_NAME(greater_equal, "greater_equal") HYBRA_OP_NAME(ge, ">=")
-HYBRA_OP_NAME(equal, "equal") HYBRA_OP_NAME(eq, "==")
-HYBRA_OP_NAME(not_equal, "not_equal") HYBRA_OP_NAME(ne, "!=")
-HYBRA_OP_NAME(exp, "exp") HYBRA_OP_NAME(log, "log") HYBRA_OP_NAME(sqrt, "sqrt")
-HYBRA_OP_NAME(abs, "abs") HYBRA_OP_NAME(tanh, "tanh") HYBRA_OP_NAME(sigmoid, "sigmoid")
-HYBRA_OP_NAME(relu, "relu") HYBRA_OP_NAME(pow, "pow") HYBRA_OP_NAME(maximum, "maximum")
-HYBRA_OP_NAME(minimum, "minimum") HYBRA_OP_NAME(where, "where")
+// Every elementwise op; its place in this list is how fused programs name it.
+#define HYBRA_ELEMENTWISE_OPS(X)                                                                              \
+  X(add) X(subtract) X(multiply) X(divide) X(negative) X(less) X(less_equal) X(greater) X(greater_equal)       \
+  X(equal) X(not_equal) X(exp) X(log) X(sqrt) X(abs) X(tanh) X(sigmoid) X(relu) X(pow) X(maximum) X(minimum) \
+  X(where) X(softplus)
+// The ops called by name (exp(x)); the others are C++ operators (expr/expression.hpp).
+#define HYBRA_ELEMENTWISE_FUNCTIONS(X) \
+  X(exp) X(log) X(sqrt) X(abs) X(tanh) X(sigmoid) X(relu) X(pow) X(maximum) X(minimum) X(where) X(softplus)
+
+// An op's name is its identifier, spelled once.
+#define HYBRA_OP_NAME(id) inline constexpr text id##_name = #id;
+HYBRA_ELEMENTWISE_OPS(HYBRA_OP_NAME)
 #undef HYBRA_OP_NAME
+inline constexpr text none_name = "", plus_name = "+", minus_name = "-", times_name = "*", slash_name = "/",
+                      lt_name = "<", le_name = "<=", gt_name = ">", ge_name = ">=", eq_name = "==", ne_name = "!=";
 
 using enum DTypeRule;
 
+// A comparison yields 1 or 0 in the operands' common type (as MXNet's
+// NDArray), so it fuses into arithmetic without a dtype change. It is
+// piecewise constant: no gradient flows through it.
+template <text const& Name, text const& Symbol>
+struct comparison : entry<Name, Symbol, 2, promote> {
+  template <class G> static auto gradient(const G& g) { return g.grads(); }
+};
+
 struct add : entry<add_name, plus_name, 2, promote> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return detail::wrapping(a, b, [](auto x, auto y) { return x + y; }); }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.dy, g.dy); }
+  static constexpr text mxnet[] = {"broadcast_add", "elemwise_add", "_plus", "_Plus", "broadcast_plus"};
+  static constexpr text mxnet_scalar = "_plus_scalar";
 };
 struct subtract : entry<subtract_name, minus_name, 2, promote> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return detail::wrapping(a, b, [](auto x, auto y) { return x - y; }); }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.dy, -g.dy); }
+  static constexpr text mxnet[] = {"broadcast_sub", "elemwise_sub", "_minus", "_Minus", "broadcast_minus"};
+  static constexpr text mxnet_scalar = "_minus_scalar", mxnet_reversed = "_rminus_scalar";
 };
 struct multiply : entry<multiply_name, times_name, 2, promote> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return detail::wrapping(a, b, [](auto x, auto y) { return x * y; }); }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.dy * g.in[1], g.dy * g.in[0]); }
+  static constexpr text mxnet[] = {"broadcast_mul", "elemwise_mul", "_mul", "_Mul"};
+  static constexpr text mxnet_scalar = "_mul_scalar";
 };
 struct divide : entry<divide_name, slash_name, 2, promote_float> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return a / b; }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.dy / g.in[1], -g.dy * g.out / g.in[1]); }
+  static constexpr text mxnet[] = {"broadcast_div", "elemwise_div", "_div", "_Div"};
+  static constexpr text mxnet_scalar = "_div_scalar", mxnet_reversed = "_rdiv_scalar";
 };
 struct negative : entry<negative_name, minus_name, 1, promote> {
   template <class T> HYBRA_HD static constexpr T apply(T a) { return detail::wrapping(T(0), a, [](auto x, auto y) { return x - y; }); }
+  template <class G> static auto gradient(const G& g) { return g.grads(-g.dy); }
 };
-// Comparisons yield 1 or 0 in the operands' common type (as MXNet's NDArray),
-// so a comparison fuses into arithmetic without a dtype change.
-struct less : entry<less_name, lt_name, 2, promote> {
+struct less : comparison<less_name, lt_name> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return a < b; }
+  static constexpr text mxnet[] = {"broadcast_lesser", "_lesser"};
+  static constexpr text mxnet_scalar = "_lesser_scalar", mirror = "greater";
 };
-struct less_equal : entry<less_equal_name, le_name, 2, promote> {
+struct less_equal : comparison<less_equal_name, le_name> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return a <= b; }
+  static constexpr text mxnet[] = {"broadcast_lesser_equal", "_lesser_equal"};
+  static constexpr text mxnet_scalar = "_lesser_equal_scalar", mirror = "greater_equal";
 };
-struct greater : entry<greater_name, gt_name, 2, promote> {
+struct greater : comparison<greater_name, gt_name> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return a > b; }
+  static constexpr text mxnet[] = {"broadcast_greater", "_greater"};
+  static constexpr text mxnet_scalar = "_greater_scalar", mirror = "less";
 };
-struct greater_equal : entry<greater_equal_name, ge_name, 2, promote> {
+struct greater_equal : comparison<greater_equal_name, ge_name> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return a >= b; }
+  static constexpr text mxnet[] = {"broadcast_greater_equal", "_greater_equal"};
+  static constexpr text mxnet_scalar = "_greater_equal_scalar", mirror = "less_equal";
 };
-struct equal : entry<equal_name, eq_name, 2, promote> {
+struct equal : comparison<equal_name, eq_name> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return a == b; }
+  static constexpr text mxnet[] = {"broadcast_equal", "_equal"};
+  static constexpr text mxnet_scalar = "_equal_scalar";
 };
-struct not_equal : entry<not_equal_name, ne_name, 2, promote> {
+struct not_equal : comparison<not_equal_name, ne_name> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return a != b; }
+  static constexpr text mxnet[] = {"broadcast_not_equal", "_not_equal"};
+  static constexpr text mxnet_scalar = "_not_equal_scalar";
 };
 struct exp : entry<exp_name, none_name, 1, promote_float> {
   static constexpr bool costly = true;
   template <class T> HYBRA_HD static T apply(T a) { return math::exp(a); }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.dy * g.out); }
 };
 struct log : entry<log_name, none_name, 1, promote_float> {
   static constexpr bool costly = true;
   template <class T> HYBRA_HD static T apply(T a) { return math::log(a); }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.dy / g.in[0]); }
 };
 struct sqrt : entry<sqrt_name, none_name, 1, promote_float> {
   template <class T> HYBRA_HD static T apply(T a) { return math::sqrt(a); }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.dy * 0.5 / g.out); }
 };
 struct abs : entry<abs_name, none_name, 1, promote> {
   template <class T> HYBRA_HD static constexpr T apply(T a) {
     if constexpr (math::is_unsigned_v<T>) return a;
     else return a < T(0) ? negative::apply(a) : a;
   }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.where(g.in[0] < 0, -g.dy, g.dy)); }
 };
 struct tanh : entry<tanh_name, none_name, 1, promote_float> {
   static constexpr bool costly = true;
   template <class T> HYBRA_HD static T apply(T a) { return math::tanh(a); }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.dy * (1 - g.out * g.out)); }
 };
 struct sigmoid : entry<sigmoid_name, none_name, 1, promote_float> {
   static constexpr bool costly = true;
   template <class T> HYBRA_HD static T apply(T a) { return T(1) / (T(1) + math::exp(-a)); }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.dy * g.out * (1 - g.out)); }
 };
 // Written as a select on `a < 0` (not `a > 0 ? a : 0`) so NaN propagates and
-// GCC emits a vector blend/max rather than leaving the loop scalar.
+// GCC emits a vector blend/max rather than leaving the loop scalar. Its
+// gradient reads the result (relu(x) > 0 exactly where x > 0): a captured
+// graph's backward then keeps only the result, so a product before the relu
+// keeps it as its epilogue in training too.
 struct relu : entry<relu_name, none_name, 1, promote> {
   template <class T> HYBRA_HD static constexpr T apply(T a) { return a < T(0) ? T(0) : a; }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.where(g.out > 0, g.dy, 0)); }
 };
 struct pow : entry<pow_name, none_name, 2, promote> {
   static constexpr bool costly = true;
@@ -196,25 +243,67 @@ struct pow : entry<pow_name, none_name, 2, promote> {
     if constexpr (math::is_integral_v<T>) return detail::int_pow(a, b);
     else return math::pow(a, b);
   }
+  template <class G> static auto gradient(const G& g) {
+    auto r = g.grads();
+    r.resize(2);
+    if (g.wanted[0]) r[0] = g.sym(g.dy * g.in[1] * g.pow(g.in[0], g.in[1] - 1));
+    if (g.wanted[1]) r[1] = g.sym(g.dy * g.out * g.log(g.in[0]));
+    return r;
+  }
+  static constexpr text mxnet[] = {"broadcast_power", "_power", "_Power"};
+  static constexpr text mxnet_scalar = "_power_scalar", mxnet_reversed = "_rpower_scalar";
 };
-// NaN in either operand gives NaN, as NumPy's maximum/minimum.
+// NaN in either operand gives NaN, as NumPy's maximum/minimum. The gradient
+// goes to the first operand on ties.
 struct maximum : entry<maximum_name, none_name, 2, promote> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return (a > b || a != a) ? a : b; }
+  template <class G> static auto gradient(const G& g) {
+    auto first = g.sym(g.in[0] >= g.in[1]);
+    return g.grads(g.where(first, g.dy, 0), g.where(first, 0, g.dy));
+  }
+  static constexpr text mxnet[] = {"broadcast_maximum", "_maximum", "_Maximum"};
+  static constexpr text mxnet_scalar = "_maximum_scalar";
 };
 struct minimum : entry<minimum_name, none_name, 2, promote> {
   template <class T> HYBRA_HD static constexpr T apply(T a, T b) { return (a < b || a != a) ? a : b; }
+  template <class G> static auto gradient(const G& g) {
+    auto first = g.sym(g.in[0] <= g.in[1]);
+    return g.grads(g.where(first, g.dy, 0), g.where(first, 0, g.dy));
+  }
+  static constexpr text mxnet[] = {"broadcast_minimum", "_minimum", "_Minimum"};
+  static constexpr text mxnet_scalar = "_minimum_scalar";
 };
 struct where : entry<where_name, none_name, 3, select> {
   template <class T> HYBRA_HD static constexpr T apply(bool c, T a, T b) { return c ? a : b; }
+  template <class G> static auto gradient(const G& g) {
+    auto r = g.grads(g.where(g.in[0], g.dy, 0), g.where(g.in[0], 0, g.dy));
+    r.insert(r.begin(), typename G::symbol());
+    return r;
+  }
+};
+// log(1 + e^x), computed as max(x, 0) + log1p(e^-|x|): exact where e^x would
+// overflow (MXNet's softrelu returns inf above x = 88 in float32) and where
+// 1 + e^x would round to 1. MXNet's spelling is an Activation.
+struct softplus : entry<softplus_name, none_name, 1, promote_float> {
+  static constexpr bool costly = true;
+  template <class T> HYBRA_HD static T apply(T a) {
+    return relu::apply(a) + math::log1p(math::exp(-abs::apply(a)));
+  }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.dy * g.sigmoid(g.in[0])); }
+  static constexpr text mxnet_activation = "softrelu";
 };
 
 #ifndef __CUDACC_RTC__
-// Every elementwise op, for the layers that look ops up by name or number at
-// run time (the graph, fused CPU loops of captured graphs). A new op's struct
-// goes here too.
-using elementwise_ops = std::tuple<add, subtract, multiply, divide, negative, less, less_equal, greater,
-                                   greater_equal, equal, not_equal, exp, log, sqrt, abs, tanh, sigmoid, relu, pow,
-                                   maximum, minimum, where>;
+#define HYBRA_OP_TYPE(id) , id
+template <class Ignored, class... Ops>
+using drop_first = std::tuple<Ops...>;
+using elementwise_ops = drop_first<void HYBRA_ELEMENTWISE_OPS(HYBRA_OP_TYPE)>;
+#undef HYBRA_OP_TYPE
+
+// Generated CUDA calls an op by its name (hybra::op::<name>::apply).
+#define HYBRA_NAME_IS_IDENTIFIER(id) static_assert(id::name == #id, "hybra: the entry op::" #id " names another op");
+HYBRA_ELEMENTWISE_OPS(HYBRA_NAME_IS_IDENTIFIER)
+#undef HYBRA_NAME_IS_IDENTIFIER
 
 // Op's place in elementwise_ops, or -1: how fused programs name their ops.
 template <class Op>

@@ -1,18 +1,24 @@
 #pragma once
-// Layout ops: reshape, transpose, slice and concat. Wherever the result can
+// Layout ops: reshape, transpose, slice, concat, broadcast_to and astype. Wherever the result can
 // share the input's storage (reshape of contiguous data, every transpose and
 // slice) it is a view, as in NumPy, so these cost no copy; a view's layout is
 // then handled by whichever op reads it (fused loops take any strides).
+#include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "../expr/evaluate.hpp"
+#include "../jit/cuda_eager.hpp"
+#include "../jit/cuda_layout.hpp"
 
 namespace hybra {
 
-// The layout ops' node attributes (graph/registry.hpp reads them back).
+// The layout ops' node attributes (their entries below read them back).
 inline graph::Attrs axis_attrs(std::int64_t axis) { return {{"axis", graph::attr_text(axis)}}; }
 inline graph::Attrs reshape_attrs(const Shape& shape) { return {{"shape", graph::attr_text(shape)}}; }
 inline graph::Attrs transpose_attrs(std::optional<std::vector<std::int64_t>> axes) {
@@ -210,5 +216,207 @@ inline Tensor concat(const std::vector<Tensor>& tensors, std::int64_t axis = 0) 
     if (tensors[k].size()) views[k].assign(tensors[k]);
   return rec.output(out, [&] { return axis_attrs(axis); });
 }
+
+namespace detail {
+// A reshape of a contiguous operand is a view of it, which needs no launch;
+// of any other, a copy into the result in the operand's order.
+inline std::optional<jit::CudaLaunch> copy_unless_view(std::span<const Tensor> in, const Tensor& out,
+                                                        std::string_view op, backend::cuda::Gpu& gpu) {
+  if (in[0].is_contiguous()) return std::nullopt;
+  const Tensor whole(in[0].shape(), out.dtype(), meta());
+  return jit::cuda_write_views_launch(in, std::span(&whole, 1), whole, false, op, gpu);
+}
+// An op MXNet writes under its own spelling with hybra's attrs unchanged.
+template <class W>
+auto keep_attrs(const W& w, std::string op, std::initializer_list<std::string_view> keys) {
+  graph::Attrs a;
+  for (auto key : keys) a.emplace_back(std::string(key), w.attr(key));
+  return w.keep_all(std::move(op), std::move(a));
+}
+// A shape attr MXNet writes with special codes hybra does not read.
+template <class R>
+std::vector<std::int64_t> plain_shape(const R& r, std::string_view why) {
+  auto shape = r.tuple("shape");
+  if (!shape) r.reject("attr 'shape' is missing");
+  for (auto d : *shape)
+    if (d == 0 || d < -1) r.reject(why);
+  return *shape;
+}
+}  // namespace detail
+
+namespace op {
+
+struct reshape {
+  static constexpr std::string_view name = "reshape";
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    return hybra::reshape(in[0], graph::shape_attr(a, "shape", name));
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs&,
+                                                    backend::cuda::Gpu& gpu) {
+    return hybra::detail::copy_unless_view(in, out, name, gpu);
+  }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.reshape(g.dy, g.shape(0))); }
+  static constexpr std::array<std::string_view, 2> mxnet{"Reshape", "reshape"};
+  template <class W> static auto write(const W& w) { return hybra::detail::keep_attrs(w, "Reshape", {"shape"}); }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    auto shape = hybra::detail::plain_shape(r, "MXNet's special reshape codes (0, -2, -3, -4) are not supported");
+    return r.make("reshape", {{"shape", graph::attr_text(shape)}});
+  }
+};
+
+struct transpose {
+  static constexpr std::string_view name = "transpose";
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    auto axes = graph::optional_tuple_attr(a, "axis", name);
+    return axes ? hybra::transpose(in[0], *axes) : hybra::transpose(in[0]);
+  }
+  template <class G>
+  static auto gradient(const G& g) {
+    auto axes = graph::optional_tuple_attr(g.attrs, "axis", "gradient");
+    if (!axes) return g.grads(g.transpose(g.dy));
+    std::vector<std::int64_t> back(axes->size());
+    for (std::size_t i = 0; i < axes->size(); ++i)
+      back[static_cast<std::size_t>(normalize_axis((*axes)[i], axes->size(), "gradient"))] = static_cast<std::int64_t>(i);
+    return g.grads(g.transpose(g.dy, back));
+  }
+  static constexpr std::array<std::string_view, 1> mxnet{"transpose"};
+  template <class W>
+  static auto write(const W& w) {
+    graph::Attrs a;
+    if (w.attr("axis") != "None") a.emplace_back("axes", w.attr("axis"));
+    return w.keep_all("transpose", std::move(a));
+  }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    auto axes = r.tuple("axes");
+    return r.make("transpose", {{"axis", axes && !axes->empty() ? graph::attr_text(*axes) : "None"}});
+  }
+};
+
+struct slice {
+  static constexpr std::string_view name = "slice";
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    return hybra::slice(in[0], graph::int_attr(a, "axis", name), graph::optional_int_attr(a, "begin", name),
+                        graph::optional_int_attr(a, "end", name), graph::int_attr(a, "step", name));
+  }
+  template <class G> static auto gradient(const G& g) {
+    return g.grads(g.make("slice_backward", g.with_shape(g.attrs, g.shape(0)), {g.dy}));
+  }
+  static constexpr std::array<std::string_view, 1> mxnet{"slice_axis"};
+  template <class W>
+  static auto write(const W& w) {
+    if (w.attr("step") != "1") w.reject("with a step other than 1");
+    return hybra::detail::keep_attrs(w, "slice_axis", {"axis", "begin", "end"});
+  }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    auto bound = [&](std::string_view key) { return r.parsed(key, [&](std::string_view t) { return graph::parse_int(t, key); }); };
+    return r.make("slice", {{"axis", graph::attr_text(r.integer("axis", 0))},
+                            {"begin", graph::attr_text(bound("begin"))},
+                            {"end", graph::attr_text(bound("end"))},
+                            {"step", "1"}});
+  }
+};
+
+// The gradient of slice: slice's attributes, and the shape it sliced.
+struct slice_backward {
+  static constexpr std::string_view name = "slice_backward";
+  static constexpr bool gradient_only = true;
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    return hybra::slice_backward(in[0], graph::shape_attr(a, "shape", name), graph::int_attr(a, "axis", name),
+                                 graph::optional_int_attr(a, "begin", name), graph::optional_int_attr(a, "end", name),
+                                 graph::int_attr(a, "step", name));
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    const Tensor read = hybra::slice(out, graph::int_attr(a, "axis", name), graph::optional_int_attr(a, "begin", name),
+                                     graph::optional_int_attr(a, "end", name), graph::int_attr(a, "step", name));
+    return jit::cuda_write_views_launch(in, std::span(&read, 1), out, true, name, gpu);
+  }
+};
+
+struct concat {
+  static constexpr std::string_view name = "concat";
+  static constexpr int arity = -1;
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    return hybra::concat(std::vector<Tensor>(in.begin(), in.end()), graph::int_attr(a, "axis", name));
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    const int ax = hybra::detail::checked_axis(graph::int_attr(a, "axis", name), out.shape(), name);
+    return jit::cuda_write_views_launch(in, hybra::detail::concat_views(in, out, ax), out, false, name, gpu);
+  }
+  template <class G>
+  static auto gradient(const G& g) {
+    const std::int64_t axis = normalize_axis(g.int_attr("axis"), g.shape(0).size(), "gradient");
+    auto r = g.grads();
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < g.in.size(); ++i) {
+      const std::int64_t n = g.shape(i)[static_cast<std::size_t>(axis)];
+      r.push_back(g.slice(g.dy, axis, at, at + n, 1));
+      at += n;
+    }
+    return r;
+  }
+  static constexpr std::array<std::string_view, 2> mxnet{"Concat", "concat"};
+  template <class W>
+  static auto write(const W& w) {
+    return w.keep_all("Concat", {{"dim", w.attr("axis")}, {"num_args", std::to_string(w.node.inputs.size())}});
+  }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, static_cast<std::size_t>(-1));
+    if (r.integer("num_args", static_cast<std::int64_t>(r.inputs.size())) != static_cast<std::int64_t>(r.inputs.size()))
+      r.reject("attr 'num_args' does not match its " + std::to_string(r.inputs.size()) + " inputs");
+    return r.make("concat", {{"axis", graph::attr_text(r.integer("dim", 1))}});
+  }
+};
+
+struct broadcast_to {
+  static constexpr std::string_view name = "broadcast_to";
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    return hybra::broadcast_to(in[0], graph::shape_attr(a, "shape", name));
+  }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.sum_to(g.dy, g.shape(0))); }
+  static constexpr std::array<std::string_view, 1> mxnet{"broadcast_to"};
+  template <class W> static auto write(const W& w) { return hybra::detail::keep_attrs(w, "broadcast_to", {"shape"}); }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    auto shape = hybra::detail::plain_shape(r, "MXNet's 0 (keep this dimension) in 'shape' is not supported");
+    for (auto d : shape)
+      if (d < 0) r.reject("MXNet's 0 (keep this dimension) in 'shape' is not supported");
+    return r.make("broadcast_to", {{"shape", graph::attr_text(shape)}});
+  }
+};
+
+// A copy to another dtype (Tensor::astype, expr/evaluate.hpp).
+struct astype {
+  static constexpr std::string_view name = "astype";
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    return in[0].astype(parse_dtype(graph::find_attr(a, "dtype", name), name));
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs&,
+                                                    backend::cuda::Gpu& gpu) {
+    if (in[0].dtype() == out.dtype()) return jit::cuda_write_views_launch(in, std::span(&out, 1), out, false, name, gpu);
+    return jit::cuda_convert_launch(in[0].dtype(), out.dtype(), out.size(), gpu);
+  }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.dy); }
+  static constexpr std::array<std::string_view, 2> mxnet{"Cast", "cast"};
+  template <class W> static auto write(const W& w) { return hybra::detail::keep_attrs(w, "Cast", {"dtype"}); }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    auto d = r.attr("dtype");
+    if (!d) r.reject("attr 'dtype' is missing");
+    return r.make("astype", {{"dtype", *d}});
+  }
+};
+
+}  // namespace op
 
 }  // namespace hybra

@@ -11,6 +11,7 @@
 // BLAS and use a plain row-times-matrix loop that accumulates modulo 2^64, so
 // overflow wraps exactly as NumPy's integer matmul does.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -23,6 +24,7 @@
 #include "../backend/cuda/cublas.hpp"
 #include "../expr/evaluate.hpp"
 #include "../jit/cuda_launch.hpp"
+#include "../graph/attrs.hpp"
 #include "layout.hpp"
 
 namespace hybra {
@@ -368,5 +370,108 @@ Tensor dot(A&& a_in, B&& b_in) {
   });
   return rec.output(out);
 }
+
+namespace detail::linalg {
+// Per output element, a contraction over the last axis of the first operand.
+inline std::int64_t contraction(std::span<const Tensor> in, const Tensor& out) {
+  return out.size() * (in[0].ndim() ? in[0].shape().back() : 1);
+}
+// MXNet's dot is NumPy's matmul on operands of at most 2 dimensions.
+template <class W>
+auto write_as_dot(const W& w) {
+  for (std::size_t k = 0; k < 2; ++k)
+    if (!w.input(k).meta.shape || w.input(k).meta.shape->size() > 2) w.reject("on operands of more than 2 dimensions");
+  return w.keep_all("dot");
+}
+}  // namespace detail::linalg
+
+namespace op {
+
+struct matmul {
+  static constexpr std::string_view name = "matmul";
+  static constexpr int arity = 2;
+  static constexpr bool product = true;
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs&) { return hybra::matmul(in[0], in[1]); }
+  static std::int64_t multiply_adds(std::span<const Tensor> in, const Tensor& out) {
+    return hybra::detail::linalg::contraction(in, out);
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs&,
+                                                    backend::cuda::Gpu&) {
+    return hybra::detail::linalg::cuda_matmul_launch(in[0], in[1]);
+  }
+  template <class G>
+  static auto gradient(const G& g) {
+    // 1-d operands as the row and column they stand for; batch dims broadcast (sum_to undoes it).
+    const bool row = g.shape(0).size() == 1, col = g.shape(1).size() == 1;
+    auto a = row ? g.reshape(g.in[0], Shape{1, g.shape(0)[0]}) : g.in[0];
+    auto b = col ? g.reshape(g.in[1], Shape{g.shape(1)[0], 1}) : g.in[1];
+    Shape out = g.out.shape();
+    if (row) {
+      // out[..., n] -> out[..., 1, n], as a push and a swap: GCC 12 (-O3)
+      // cannot see that an insert before end() - 1 has an element to move,
+      // and warns (-Wstringop-overflow) in every program that trains.
+      out.push_back(1);
+      if (!col) std::swap(out[out.size() - 1], out[out.size() - 2]);
+    }
+    if (col) out.push_back(1);
+    auto dy = g.reshape(g.dy, out);
+    auto r = g.grads();
+    r.resize(2);
+    if (g.wanted[0]) r[0] = g.reshape(g.sum_to(g.matmul(dy, g.swap_last(b)), a.shape()), g.shape(0));
+    if (g.wanted[1]) r[1] = g.reshape(g.sum_to(g.matmul(g.swap_last(a), dy), b.shape()), g.shape(1));
+    return r;
+  }
+  // Written as MXNet's dot where the two agree; no MXNet op reads as matmul.
+  static constexpr std::array<std::string_view, 0> mxnet{};
+  template <class W> static auto write(const W& w) { return hybra::detail::linalg::write_as_dot(w); }
+};
+
+struct dot {
+  static constexpr std::string_view name = "dot";
+  static constexpr int arity = 2;
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs&) { return hybra::dot(in[0], in[1]); }
+  static std::int64_t multiply_adds(std::span<const Tensor> in, const Tensor& out) {
+    return hybra::detail::linalg::contraction(in, out);
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs&,
+                                                    backend::cuda::Gpu&) {
+    return hybra::detail::linalg::cuda_dot_launch(in[0], in[1]);
+  }
+  template <class G>
+  static auto gradient(const G& g) {
+    const Shape &sa = g.shape(0), &sb = g.shape(1);
+    if (sa.empty() || sb.empty()) return g.grads(g.dy * g.in[1], g.dy * g.in[0]);
+    // The forward's own layout: a as (P, K) rows, b as (K, rest) with K first.
+    const std::int64_t K = sa.back(), P = checked_numel(sa) / K, rest = checked_numel(sb) / K;
+    std::vector<std::int64_t> k_first{static_cast<std::int64_t>(sb.size()) - (sb.size() == 1 ? 1 : 2)};
+    for (std::size_t d = 0; d < sb.size(); ++d)
+      if (static_cast<std::int64_t>(d) != k_first[0]) k_first.push_back(static_cast<std::int64_t>(d));
+    auto a2 = g.reshape(g.in[0], Shape{P, K});
+    auto b2 = g.reshape(g.transpose(g.in[1], k_first), Shape{K, rest});
+    auto dy2 = g.reshape(g.dy, Shape{P, rest});
+    auto r = g.grads();
+    r.resize(2);
+    if (g.wanted[0]) r[0] = g.reshape(g.matmul(dy2, g.transpose(b2)), sa);
+    if (g.wanted[1]) {
+      Shape permuted;
+      for (auto d : k_first) permuted.push_back(sb[static_cast<std::size_t>(d)]);
+      std::vector<std::int64_t> back(k_first.size());
+      for (std::size_t i = 0; i < k_first.size(); ++i)
+        back[static_cast<std::size_t>(k_first[i])] = static_cast<std::int64_t>(i);
+      r[1] = g.transpose(g.reshape(g.matmul(g.transpose(a2), dy2), permuted), back);
+    }
+    return r;
+  }
+  static constexpr std::array<std::string_view, 1> mxnet{"dot"};
+  template <class W> static auto write(const W& w) { return hybra::detail::linalg::write_as_dot(w); }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(2, 2);
+    if (r.flag("transpose_a", false) || r.flag("transpose_b", false)) r.reject("transpose_a/transpose_b are not supported");
+    return r.make("dot");
+  }
+};
+
+}  // namespace op
 
 }  // namespace hybra

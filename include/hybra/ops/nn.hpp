@@ -1,10 +1,15 @@
 #pragma once
 // The ops of neural-network layers: fully_connected (MXNet's FullyConnected),
 // flatten, dropout and the named activations.
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
 #include <string_view>
 
-#include "../autograd/mode.hpp"
+#include "../core/mode.hpp"
 #include "../backend/cpu/gemv.hpp"
 #include "../backend/cuda/cublaslt.hpp"
 #include "../core/creation.hpp"
@@ -101,7 +106,7 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
   return rec.output(out);
 }
 
-// MXNet's Activation: act_type relu, sigmoid, tanh or softrelu (log(1 + e^x)),
+// MXNet's Activation: act_type relu, sigmoid, tanh or softrelu (softplus),
 // and relu6 (MobileNet v2's, which MXNet writes as clip). Works on tensors
 // and symbols alike (it builds the op-table expression).
 template <array_like X>
@@ -110,7 +115,7 @@ auto activation(X&& x, std::string_view act_type) {
   if (act_type == "relu") return R(relu(x));
   if (act_type == "sigmoid") return R(sigmoid(x));
   if (act_type == "tanh") return R(tanh(x));
-  if (act_type == "softrelu") return R(log(exp(x) + 1));
+  if (act_type == "softrelu") return R(softplus(x));
   if (act_type == "relu6") return R(relu6(x));
   fail<ValueError>("activation: unknown act_type '", act_type, "' (relu, sigmoid, tanh, softrelu or relu6)");
 }
@@ -142,5 +147,103 @@ Tensor dropout(X&& x_in, double rate) {
              });
   return rec.output(out, attrs);
 }
+
+namespace op {
+
+struct flatten {
+  static constexpr std::string_view name = "flatten";
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs&) { return hybra::flatten(in[0]); }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs&,
+                                                    backend::cuda::Gpu& gpu) {
+    return hybra::detail::copy_unless_view(in, out, name, gpu);
+  }
+  template <class G> static auto gradient(const G& g) { return g.grads(g.reshape(g.dy, g.shape(0))); }
+  static constexpr std::array<std::string_view, 2> mxnet{"Flatten", "flatten"};
+  template <class W> static auto write(const W& w) { return w.keep_all("Flatten"); }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    return r.make("flatten");
+  }
+};
+
+// (data, weight) or (data, weight, bias).
+struct fully_connected {
+  static constexpr std::string_view name = "fully_connected";
+  static constexpr int arity = -1;
+  static constexpr bool product = true;
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs&) {
+    if (in.size() != 2 && in.size() != 3)
+      fail<ValueError>("fully_connected: takes (data, weight) or (data, weight, bias), not ", in.size(), " inputs");
+    return hybra::fully_connected(in[0], in[1], in.size() == 3 ? in[2] : Tensor{});
+  }
+  // Per output element, one multiply-add per weight of one output unit.
+  static std::int64_t multiply_adds(std::span<const Tensor> in, const Tensor& out) {
+    const Tensor& w = in[1];
+    return out.size() * (w.ndim() ? w.size() / std::max<std::int64_t>(1, w.shape()[0]) : 0);
+  }
+  template <class G>
+  static auto gradient(const G& g) {
+    auto r = g.grads();
+    r.resize(g.in.size());
+    if (g.wanted[0]) r[0] = g.reshape(g.matmul(g.dy, g.in[1]), g.shape(0));
+    if (g.wanted[1]) r[1] = g.matmul(g.transpose(g.dy), g.flatten(g.in[0]));
+    if (g.in.size() == 3 && g.wanted[2]) r[2] = g.sum(g.dy, std::int64_t{0}, false);
+    return r;
+  }
+  static constexpr std::array<std::string_view, 1> mxnet{"FullyConnected"};
+  template <class W>
+  static auto write(const W& w) {
+    const auto& weight = w.input(1).meta.shape;
+    return w.keep_all("FullyConnected", {{"num_hidden", std::to_string(weight ? (*weight)[0] : 0)},
+                                         {"no_bias", w.bool_text(w.node.inputs.size() == 2)},
+                                         {"flatten", "True"}});
+  }
+  template <class R>
+  static auto read(const R& r) {
+    const bool no_bias = r.flag("no_bias", false);
+    r.arity(no_bias ? 2 : 3, no_bias ? 2 : 3);
+    if (!r.flag("flatten", true)) r.reject("flatten=False is not supported");
+    const auto hidden = r.integer("num_hidden", 0);
+    if (r.inputs[1].has_shape() && !r.inputs[1].shape().empty() && r.inputs[1].shape()[0] != hidden)
+      r.reject("attr 'num_hidden' = " + std::to_string(hidden) + " does not match weight of shape " +
+               to_string(r.inputs[1].shape()));
+    return r.make("fully_connected");
+  }
+};
+
+struct dropout {
+  static constexpr std::string_view name = "dropout";
+  static constexpr bool pure = false;
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    return hybra::dropout(in[0], graph::double_attr(a, "rate", name));
+  }
+  // Predicting (or at rate 0) it is the identity: a view, no launch.
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    const double rate = graph::double_attr(a, "rate", name);
+    if (!autograd::is_training() || rate == 0 || !is_floating(in[0].dtype())) return std::nullopt;
+    return jit::cuda_dropout_launch(out.dtype(), out.size(), rate, gpu);
+  }
+  // Training dropout's kept elements are the nonzero results (a kept zero
+  // gets no gradient, which matters only where x is exactly 0).
+  template <class G>
+  static auto gradient(const G& g) {
+    const double rate = graph::double_attr(g.attrs, "rate", "gradient");
+    return g.grads(g.where(g.out != 0, g.dy * (1 / (1 - rate)), 0));
+  }
+  static constexpr std::array<std::string_view, 1> mxnet{"Dropout"};
+  template <class W>
+  static auto write(const W& w) { return w.keep_all("Dropout", {{"p", w.attr("rate")}, {"mode", "training"}}); }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    r.require("mode", "training", "training");  // 'always' drops while predicting too
+    r.require("axes", "()", "()");              // one mask shared along axes
+    return r.make("dropout", {{"rate", graph::attr_text(r.real("p", 0.5))}});
+  }
+};
+
+}  // namespace op
 
 }  // namespace hybra

@@ -28,6 +28,9 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -437,7 +440,7 @@ class Axes {
   std::optional<std::vector<std::int64_t>> list_;
 };
 
-// A reduction's node attributes (graph/registry.hpp reads them back).
+// A reduction's node attributes (op::sum and the others read them back).
 inline graph::Attrs reduce_attrs(const Axes& axes, bool keepdims) {
   return {{"axis", graph::attr_text(axes.list())}, {"keepdims", graph::attr_text(keepdims)}};
 }
@@ -517,5 +520,101 @@ Tensor argmax(X&& x_in, std::optional<std::int64_t> axis = std::nullopt, bool ke
   });
   return out;
 }
+
+namespace detail::reduce {
+// A reduction's node attributes as ops/op.hpp's facets read them.
+inline Axes axes_attr(const graph::Attrs& a, std::string_view op) {
+  auto axes = graph::optional_tuple_attr(a, "axis", op);
+  return axes ? Axes(*axes) : Axes();
+}
+// The four reductions share their attributes (axis, keepdims) and their MXNet form.
+template <Reduction K>
+struct reduction {
+  static constexpr std::string_view name = jit::detail::reduction_name(K);
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    return reduce<K>(in[0], axes_attr(a, name).list(), graph::bool_attr(a, "keepdims", name), name);
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    return cuda_reduce_launch<K>(in[0], graph::optional_tuple_attr(a, "axis", name), name, gpu);
+  }
+  static constexpr std::array<std::string_view, 1> mxnet{name};
+  template <class W>
+  static auto write(const W& w) {
+    graph::Attrs a;
+    const std::string axis = w.attr("axis");
+    if (axis == "()") w.reject("reduces no axis");
+    if (axis != "None") a.emplace_back("axis", axis);
+    a.emplace_back("keepdims", w.bool_text(graph::parse_bool(w.attr("keepdims"), name)));
+    return w.keep_all(std::string(name), std::move(a));
+  }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    if (r.flag("exclude", false)) r.reject("exclude=True is not supported");
+    auto axis = r.tuple("axis");
+    return r.make(std::string(name), {{"axis", axis && !axis->empty() ? graph::attr_text(*axis) : "None"},
+                                      {"keepdims", graph::attr_text(r.flag("keepdims", false))}});
+  }
+  // The minimum and maximum: the gradient goes to the elements equal to the
+  // result, shared equally among ties.
+  template <class G>
+  static auto extreme_gradient(const G& g) {
+    auto hit = g.sym(g.in[0] == g.keep_reduced_axes(g.out)).astype(g.dy.dtype());
+    auto ties = g.sum(hit, g.reduced_axes(), true);
+    return g.grads(hit * g.broadcast_to(g.keep_reduced_axes(g.dy), g.shape(0)) / ties);
+  }
+};
+}  // namespace detail::reduce
+
+namespace op {
+
+struct sum : hybra::detail::reduce::reduction<jit::Reduction::sum> {
+  template <class G> static auto gradient(const G& g) {
+    return g.grads(g.broadcast_to(g.keep_reduced_axes(g.dy), g.shape(0)));
+  }
+};
+struct mean : hybra::detail::reduce::reduction<jit::Reduction::mean> {
+  template <class G> static auto gradient(const G& g) {
+    const double count = static_cast<double>(checked_numel(g.shape(0))) /
+                         static_cast<double>(std::max<std::int64_t>(1, checked_numel(g.out.shape())));
+    return g.grads(g.broadcast_to(g.keep_reduced_axes(g.dy), g.shape(0)) / count);
+  }
+};
+struct max : hybra::detail::reduce::reduction<jit::Reduction::max> {
+  template <class G> static auto gradient(const G& g) { return extreme_gradient(g); }
+};
+struct min : hybra::detail::reduce::reduction<jit::Reduction::min> {
+  template <class G> static auto gradient(const G& g) { return extreme_gradient(g); }
+};
+
+struct argmax {
+  static constexpr std::string_view name = "argmax";
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    return hybra::argmax(in[0], graph::optional_int_attr(a, "axis", name), graph::bool_attr(a, "keepdims", name));
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    return hybra::detail::reduce::cuda_argmax_launch(in[0], graph::optional_int_attr(a, "axis", name), gpu);
+  }
+  // An index: no gradient flows through it.
+  template <class G> static auto gradient(const G& g) { return g.grads(); }
+  static constexpr std::array<std::string_view, 1> mxnet{"argmax"};
+  template <class W>
+  static auto write(const W& w) {
+    graph::Attrs a;
+    if (w.attr("axis") != "None") a.emplace_back("axis", w.attr("axis"));
+    a.emplace_back("keepdims", w.bool_text(graph::parse_bool(w.attr("keepdims"), name)));
+    return w.keep_all("argmax", std::move(a));
+  }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    auto axis = r.parsed("axis", [](std::string_view t) { return graph::parse_int(t, "axis"); });
+    return r.make("argmax", {{"axis", graph::attr_text(axis)}, {"keepdims", graph::attr_text(r.flag("keepdims", false))}});
+  }
+};
+
+}  // namespace op
 
 }  // namespace hybra

@@ -161,4 +161,42 @@ Tensor log_softmax(X&& x_in, std::int64_t axis = -1) {
   return rec.output(detail::softmax::run<true>(x, axis, "log_softmax"), [&] { return axis_attrs(axis); });
 }
 
+namespace detail::softmax {
+// softmax and log_softmax share their attribute (axis) and their MXNet form.
+template <bool Log>
+struct entry {
+  static constexpr std::string_view name = Log ? "log_softmax" : "softmax";
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    const std::int64_t axis = graph::int_attr(a, "axis", name);
+    if constexpr (Log) return hybra::log_softmax(in[0], axis);
+    else return hybra::softmax(in[0], axis);
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    return cuda_softmax_launch<Log>(in[0], graph::int_attr(a, "axis", name), name, gpu);
+  }
+  static constexpr std::array<std::string_view, 1> mxnet{name};
+  template <class W> static auto write(const W& w) { return w.keep_all(std::string(name), {{"axis", w.attr("axis")}}); }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    if (r.attr("temperature") && r.real("temperature", 1) != 1) r.reject("temperature is not supported");
+    return r.make(std::string(name), {{"axis", graph::attr_text(r.integer("axis", -1))}});
+  }
+};
+}  // namespace detail::softmax
+
+namespace op {
+struct softmax : hybra::detail::softmax::entry<false> {
+  template <class G> static auto gradient(const G& g) {
+    return g.grads(g.out * (g.dy - g.sum(g.sym(g.dy * g.out), g.int_attr("axis"), true)));
+  }
+};
+struct log_softmax : hybra::detail::softmax::entry<true> {
+  template <class G> static auto gradient(const G& g) {
+    return g.grads(g.dy - g.exp(g.out) * g.sum(g.dy, g.int_attr("axis"), true));
+  }
+};
+}  // namespace op
+
 }  // namespace hybra

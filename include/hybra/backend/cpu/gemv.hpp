@@ -3,15 +3,11 @@
 // OpenBLAS does not serve this case well. Its GEMM has no single-row path
 // (it packs W as for any GEMM), and its GEMV is slow on the development
 // machine, whose OpenBLAS 0.3.21 takes the Sapphire Rapids VM for a Prescott
-// and runs SSE3 kernels. One thread, float, W 64-byte aligned and in L2 (us):
-//
-//                 gemv_rows   sgemv   sgemv with OPENBLAS_CORETYPE=SkylakeX
-//     256 x 512      4.1       29.9      5.9
-//     128 x 256      1.1        7.6      1.6
-//       2 x 128      0.014      0.12     0.038
+// and runs SSE3 kernels; even with the right kernels its calls cost more
+// than these rows (docs/benchmarks.md, "Figures behind constants of the code").
 //
 // Rows that do not start on 64 bytes (ldw * sizeof(T) not a multiple of 64)
-// run about 2x slower: every AVX-512 load then spans two cache lines.
+// run slower: every AVX-512 load then spans two cache lines.
 //
 // The fast paths come from GCC's function multiversioning (one clone per ISA,
 // picked once at load time), so the header needs no -march flag. Not under
@@ -78,13 +74,13 @@ HYBRA_GEMV_CLONES void gemv_rows(const T* w, std::int64_t ldw, const T* x, T* y,
   for (; n < row_end; ++n) detail::gemv_block<1>(w + n * ldw, ldw, x, y + n, K);
 }
 
-// Rows are split over an OpenMP team only when W is beyond one core's L2
-// (1000 x 1000 floats: 3.8x faster on 2 threads). A W that fits gains ~1 us
-// from a second OpenMP thread (256 x 512: 4.1 -> 3.0 us), which a woken team
-// costs back and more: its threads keep spinning after the loop, and on a
-// machine with no spare core they then take the core the engine or the
-// caller needs (a chain of such layers ran at ~7 ms per call instead of
-// ~20 us). Such a W is split in two instead with a thread already spinning in
+// Rows are split over an OpenMP team only when W is beyond one core's L2,
+// where the team pays. A W that fits gains little from a second OpenMP
+// thread, which a woken team costs back and more: its threads keep spinning
+// after the loop, and on a machine with no spare core they then take the core
+// the engine or the caller needs (a chain of such layers ran hundreds of
+// times slower; docs/benchmarks.md, "Figures behind constants of the code").
+// Such a W is split in two instead with a thread already spinning in
 // a wait, if one takes the second half (engine/helping.hpp); smaller ones
 // gain less than the hand-over costs.
 inline constexpr std::int64_t gemv_parallel_bytes = std::int64_t{4} << 20;

@@ -14,6 +14,7 @@
   extern "C" __attribute__((__simd__("notinbranch"))) double fn(double, double) noexcept;
 HYBRA_DECLARE_SIMD_1(exp)
 HYBRA_DECLARE_SIMD_1(log)
+HYBRA_DECLARE_SIMD_1(log1p)
 HYBRA_DECLARE_SIMD_1(tanh)
 HYBRA_DECLARE_SIMD_2(pow)
 #undef HYBRA_DECLARE_SIMD_1

@@ -3,8 +3,8 @@
 // C++ source in, PTX out. It needs no GPU, so every kernel hybra generates
 // is compiled and checked on machines without one.
 //
-// HYBRA_JIT_VERBOSE=1 prints each program's source to stderr before it is
-// compiled. A failed compile throws CompileError with NVRTC's log and the
+// HYBRA_DEBUG=3 (core/debug.hpp) prints each program's source to stderr
+// before it is compiled. A failed compile throws CompileError with NVRTC's log and the
 // source, its lines numbered as the log refers to them.
 #include <cstddef>
 #include <cstdio>
@@ -17,6 +17,7 @@
 #include <system_error>
 #include <vector>
 
+#include "../../core/debug.hpp"
 #include "library.hpp"
 
 namespace hybra::backend::cuda {
@@ -66,8 +67,7 @@ class Nvrtc {
                           const std::vector<std::string>& extra_options = {}) const {
     require(name);
     const std::string text(source);
-    if (const char* v = std::getenv("HYBRA_JIT_VERBOSE"); v && std::string_view(v) == "1")
-      std::fprintf(stderr, "hybra jit: %s for %s\n%s\n", name.c_str(), arch.c_str(), text.c_str());
+    if (debug::at(debug::code)) debug::print("NVRTC program ", name, " for ", arch, '\n', text);
     // Unannotated functions are device code: hybra's headers compiled into a
     // kernel (the op table) mark theirs only for nvcc.
     std::vector<std::string> options{"--gpu-architecture=" + arch, "-std=c++20", "-default-device"};
@@ -128,7 +128,7 @@ class Nvrtc {
   const char* (*error_string_)(int) = nullptr;
 };
 
-// The process's NVRTC, loaded on first use (8 ms or more: the kernel cache
+// The process's NVRTC, loaded on first use (milliseconds: the kernel cache
 // keys entries by nvrtc_identity() so that hits do not load it).
 inline const Nvrtc& nvrtc() {
   static const Nvrtc n;

@@ -1,0 +1,179 @@
+#pragma once
+// cumsum: the running sum along an axis (NumPy's cumsum; no axis: along the
+// flattened tensor), from the first element or, with `reverse`, from the
+// last (TensorFlow's reverse: the gradient of each is the other). Integers
+// sum to int64 as hybra::sum does; floats keep their dtype and add in order
+// in it, as NumPy does, on either device. The whole op is this file: the
+// eager op on tensors and symbols, the entry of its GPU kernel
+// (kernels/cumsum.cuh) and every facet of ops/op.hpp.
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../backend/cpu/threads.hpp"
+#include "../expr/evaluate.hpp"
+#include "../jit/cuda_launch.hpp"
+#include "../jit/cuda_ptx.hpp"
+#include "../jit/cuda_source.hpp"
+#include "layout.hpp"
+#include "op.hpp"
+
+namespace hybra {
+
+namespace detail::cumsum {
+
+using i64 = std::int64_t;
+
+// x seen as (outer, R, inner) around the axis; no axis: x flattened.
+struct Block {
+  i64 outer, R, inner;
+};
+inline Block block(const Shape& shape, std::optional<i64> axis) {
+  if (!axis) return {1, checked_numel(shape), 1};
+  const auto a = static_cast<std::size_t>(checked_axis(*axis, shape, "cumsum"));
+  Block b{1, shape[a], 1};
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (d < a) b.outer *= shape[d];
+    if (d > a) b.inner *= shape[d];
+  }
+  return b;
+}
+
+inline DType result_dtype(DType in) { return is_floating(in) ? in : DType::int64; }
+
+inline graph::Attrs attrs(std::optional<i64> axis, bool reverse) {
+  return {{"axis", graph::attr_text(axis)}, {"reverse", graph::attr_text(reverse)}};
+}
+
+// Each of the R rows of an (outer) block adds the previous one, so the
+// inner elements run side by side (vector adds) and every element's sum
+// is added in the same order as the GPU kernel adds it.
+template <class In, class Out>
+void scan(const In* x, Out* y, Block b, bool reverse) {
+  backend::cpu::parallel_for(b.outer, b.R * b.inner, [&](i64 first, i64 last) {
+    for (i64 o = first; o < last; ++o) {
+      const In* xo = x + o * b.R * b.inner;
+      Out* yo = y + o * b.R * b.inner;
+      for (i64 k = 0; k < b.R; ++k) {
+        const i64 row = (reverse ? b.R - 1 - k : k) * b.inner;
+        const Out* previous = k ? yo + (reverse ? row + b.inner : row - b.inner) : nullptr;
+        for (i64 i = 0; i < b.inner; ++i)
+          yo[row + i] = (previous ? previous[i] : Out(0)) + static_cast<Out>(xo[row + i]);
+      }
+    }
+  });
+}
+
+inline std::string entry(DType in) { return hybra::detail::concat("hybra_cumsum_", name(in)); }
+
+// The NVRTC program of one input dtype: one entry (x, y, outer, R, inner, reverse).
+inline std::string cuda_program(DType in) {
+  const std::string X(jit::cuda_type(in)), Y(jit::cuda_type(result_dtype(in)));
+  return hybra::detail::concat("#include <kernels/cumsum.cuh>\n\nextern \"C\" __global__ void __launch_bounds__(256) ",
+                               entry(in), "(const ", X, "* x, ", Y,
+                               "* y, long long outer, long long R, long long inner, bool reverse) {\n"
+                               "  hybra::kernels::cumsum(x, y, outer, R, inner, reverse);\n}\n");
+}
+
+// A contiguous x of dtype `in`, laid out as b, on a GPU.
+inline jit::CudaLaunch cuda_launch(Block b, bool reverse, DType in, backend::cuda::Gpu& gpu) {
+  const std::string& ptx = jit::program_ptx(entry(in), gpu.arch(), [in] { return cuda_program(in); });
+  const jit::ElementwiseGrid grid = jit::grid_over(b.outer * b.inner, gpu.info().multiprocessors);
+  return {0, [&ptx, b, reverse, in, grid](backend::cuda::Gpu& gpu, std::span<const void* const> operands, void* out,
+                                          void*) {
+            if (b.outer * b.R * b.inner == 0) return;
+            const void* x = operands[0];
+            long long outer = b.outer, R = b.R, inner = b.inner;
+            bool backwards = reverse;
+            void* args[] = {&x, &out, &outer, &R, &inner, &backwards};
+            gpu.launch_grid(gpu.function(ptx, entry(in)), grid.blocks, grid.threads, args, "cumsum");
+          }};
+}
+
+inline Tensor run(Tensor x, std::optional<i64> axis, bool reverse) {
+  x.require("cumsum");
+  const Block b = block(x.shape(), axis);
+  const Tensor xc = x.contiguous();
+  Tensor out(axis ? x.shape() : Shape{b.R}, result_dtype(x.dtype()), x.device());
+  if (out.device().kind == DeviceKind::cuda) {
+    jit::push_cuda_launch("cumsum", {xc}, out,
+                          cuda_launch(b, reverse, xc.dtype(), backend::cuda::gpu(xc.device().id)));
+    return out;
+  }
+  push_op("cumsum", {xc}, {out}, [xc, out, b, reverse] {
+    dispatch(xc.dtype(), [&](auto tag) {
+      using In = typename decltype(tag)::type;
+      using Out = std::conditional_t<std::is_floating_point_v<In>, In, std::int64_t>;
+      scan(static_cast<const In*>(xc.raw_data()), static_cast<Out*>(out.raw_data()), b, reverse);
+    });
+  });
+  return out;
+}
+
+}  // namespace detail::cumsum
+
+// The running sums of x along `axis` (none: of x flattened, a 1-d result),
+// from the last element backwards when `reverse`. On symbols it adds a node.
+template <array_like X>
+auto cumsum(X&& x, std::optional<std::int64_t> axis = std::nullopt, bool reverse = false) {
+  if constexpr (symbol_like<X>) {
+    using S = std::conditional_t<symbol_like<X>, Symbol, void>;
+    return op::make_node<S>("cumsum", detail::cumsum::attrs(axis, reverse), {S(std::forward<X>(x))});
+  } else {
+    Tensor t = eval(x);
+    autograd::op_record rec("cumsum", {t});
+    return rec.output(detail::cumsum::run(t, axis, reverse), [&] { return detail::cumsum::attrs(axis, reverse); });
+  }
+}
+
+namespace op {
+
+struct cumsum {
+  static constexpr std::string_view name = "cumsum";
+  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+    return hybra::cumsum(in[0], graph::optional_int_attr(a, "axis", name), graph::bool_attr(a, "reverse", name));
+  }
+  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
+                                                    backend::cuda::Gpu& gpu) {
+    const auto b = hybra::detail::cumsum::block(in[0].shape(), graph::optional_int_attr(a, "axis", name));
+    return hybra::detail::cumsum::cuda_launch(b, graph::bool_attr(a, "reverse", name), in[0].dtype(), gpu);
+  }
+  // Each x[k] adds to every sum from k on: dx is dy's running sum the other way.
+  template <class G>
+  static auto gradient(const G& g) {
+    const auto axis = graph::optional_int_attr(g.attrs, "axis", "gradient");
+    const bool reverse = graph::bool_attr(g.attrs, "reverse", "gradient");
+    return g.grads(g.reshape(hybra::cumsum(g.dy, axis, !reverse), g.shape(0)));
+  }
+  // MXNet's numpy cumsum, with the result's dtype written out (MXNet's own
+  // default keeps an integer input's dtype); it has no reverse.
+  static constexpr std::array<std::string_view, 1> mxnet{"_np_cumsum"};
+  template <class W>
+  static auto write(const W& w) {
+    if (graph::parse_bool(w.attr("reverse"), name)) w.reject("with reverse=true (MXNet's cumsum has no reverse)");
+    graph::Attrs a{{"dtype", std::string(hybra::name(*w.node.meta.dtype))}};
+    if (w.attr("axis") != "None") a.emplace_back("axis", w.attr("axis"));
+    return w.keep_all("_np_cumsum", std::move(a));
+  }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(1, 1);
+    const auto axis = r.parsed("axis", [](std::string_view t) { return graph::parse_int(t, "axis"); });
+    auto y = r.make("cumsum", hybra::detail::cumsum::attrs(axis, false));
+    const auto& x = r.inputs[0].node().meta.dtype;
+    const auto want = r.attr("dtype");
+    if (want && *want != hybra::name(*y.node().meta.dtype)) return r.make("astype", {{"dtype", *want}}, {y});
+    if (!want && x && *x != *y.node().meta.dtype) return r.make("astype", {{"dtype", std::string(hybra::name(*x))}}, {y});
+    return y;
+  }
+};
+
+}  // namespace op
+
+}  // namespace hybra
