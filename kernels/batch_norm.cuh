@@ -1,6 +1,6 @@
 #pragma once
 // batch_norm's inference form on a GPU, as include/hybra/ops/conv.hpp
-// computes it on the CPU; include/hybra/jit/cuda_conv.hpp writes the entry
+// computes it on the CPU; include/hybra/ops/conv_cuda.hpp writes the entry
 // and launches it; tests run it on the CPU (tests/unit/simt.hpp).
 #include "grid.cuh"
 

@@ -1,7 +1,7 @@
 #pragma once
 // conv2d and its gradients on a GPU, around cuBLAS: the kernels that move a
 // batch of images between NCHW tensors and the matrices the GEMMs multiply.
-// include/hybra/jit/cuda_conv.hpp plans the steps (these kernels and the
+// include/hybra/ops/conv_cuda.hpp plans the steps (these kernels and the
 // GEMMs) for a chunk of images at a time; include/hybra/ops/conv.hpp and
 // conv_backward.hpp say what the ops compute.
 //
@@ -16,7 +16,7 @@
 // each input pixel's taps rather than adding columns into it, so there are
 // no atomics and the sums do not depend on the launch's shape.
 //
-// NVRTC compiles this file with the entries jit/cuda_conv.hpp writes; tests
+// NVRTC compiles this file with the entries ops/conv_cuda.hpp writes; tests
 // run it on the CPU (tests/unit/simt.hpp).
 #include "grid.cuh"
 

@@ -3,14 +3,14 @@
 // a contiguous tensor, writes a value into a view (assign, concat's parts,
 // slice's gradient) or moves a tensor between views. One kernel serves every
 // shape and stride (they are its parameter, not constants of its code), so
-// no layout costs a compile. include/hybra/jit/cuda_layout.hpp collapses the
+// no layout costs a compile. include/hybra/backend/cuda/layout.hpp collapses the
 // layouts and launches it; tests run it on the CPU (tests/unit/simt.hpp).
 #include "grid.cuh"
 
 namespace hybra::kernels {
 
 // Axes of one shape, in element strides on each side (strides may be
-// negative or zero), after jit/cuda_layout.hpp has merged the axes both
+// negative or zero), after backend/cuda/layout.hpp has merged the axes both
 // sides walk alike: few remain for any view the ops make.
 constexpr int copy_max_axes = 6;
 struct copy_layout {

@@ -5,7 +5,7 @@
 // pools are the window of a whole plane): a thread per element written. The gradient gathers, for each input
 // element, what the windows holding it give it, windows in the order the
 // CPU visits them, so there are no atomics and the sums are the CPU's.
-// include/hybra/jit/cuda_conv.hpp writes the entries and launches them;
+// include/hybra/ops/conv_cuda.hpp writes the entries and launches them;
 // tests run them on the CPU (tests/unit/simt.hpp).
 #include "grid.cuh"
 
@@ -134,7 +134,7 @@ __device__ void pool2d_backward(const T* dy, const T* x, T* dx, pool_geometry g,
   }
 }
 
-// The max pool's gradient where windows do not overlap (jit/cuda_conv.hpp's
+// The max pool's gradient where windows do not overlap (ops/conv_cuda.hpp's
 // disjoint_windows: LeNet's 2x2 windows of stride 2, a global pool): a
 // thread per window puts its dy on its first maximum, into a dx the launch
 // has zeroed. Each input element is in at most one window, so this writes

@@ -3,7 +3,7 @@
 // first + j, as the CPU's fill does (include/hybra/core/creation.hpp), and
 // both make their values with include/hybra/core/philox.hpp, so a tensor
 // drawn on a GPU holds what it would hold drawn on the CPU.
-// include/hybra/jit/cuda_random.hpp writes the entries and launches them;
+// include/hybra/backend/cuda/random.hpp writes the entries and launches them;
 // tests run them on the CPU (tests/unit/simt.hpp).
 #include <hybra/core/philox.hpp>
 

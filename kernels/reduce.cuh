@@ -1,7 +1,7 @@
 #pragma once
 // Reductions on a GPU: one step reduces the middle axis of a contiguous
 // (O, R, I) block, or a piece of it, as include/hybra/ops/reduce.hpp does on
-// the CPU, and include/hybra/jit/cuda_reduce.hpp plans the steps of a whole
+// the CPU, and include/hybra/backend/cuda/reduce.hpp plans the steps of a whole
 // reduction and launches them.
 //
 // A policy says how values become accumulators (load: the element and its
@@ -12,7 +12,7 @@
 // rounding of sums, which accumulate in double (floats) or modulo 2^64
 // (integers) as on the CPU.
 //
-// NVRTC compiles this file with the op's types (jit/cuda_reduce.hpp writes
+// NVRTC compiles this file with the op's types (backend/cuda/reduce.hpp writes
 // the __global__ entries); nvcc could include it too; and tests run it on the
 // CPU with threads standing in for a block's (tests/unit/simt.hpp), since
 // nothing here is more than C++ with CUDA's thread indices, __shared__ and

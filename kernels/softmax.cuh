@@ -3,7 +3,7 @@
 // (O, R, I) block, computed as include/hybra/ops/softmax.hpp does on the
 // CPU: the maximum is subtracted before exp, the exp sums accumulate in
 // double, and log_softmax is x - max - log(sum), never log(softmax).
-// include/hybra/jit/cuda_reduce.hpp launches them; tests run them on the
+// include/hybra/backend/cuda/reduce.hpp launches them; tests run them on the
 // CPU (tests/unit/simt.hpp).
 #include "reduce.cuh"
 

@@ -22,7 +22,7 @@
 #include "graph/passes.hpp"
 #include "graph/symbol.hpp"
 #include "jit/plan.hpp"
-#include "jit/cuda_source.hpp"
+#include "expr/cuda_elementwise.hpp"
 #include "backend/cuda/driver.hpp"
 #include "nn/block.hpp"
 #include "nn/conv_layers.hpp"

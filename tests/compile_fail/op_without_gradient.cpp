@@ -5,7 +5,7 @@
 
 struct scale {
   static constexpr std::string_view name = "scale";
-  static hybra::Tensor eval(std::span<const hybra::Tensor> in, const hybra::graph::Attrs&) { return in[0]; }
+  static hybra::Tensor eval(std::span<const hybra::Tensor> in, const hybra::op::Attrs&) { return in[0]; }
 };
 
 int main() { return hybra::autograd::detail::rule_of<scale>() == nullptr; }

@@ -162,12 +162,12 @@ TEST_CASE("conv2d's product: every variant this CPU runs (AVX-512, AVX2, generic
               sum += double(a[static_cast<std::size_t>(i * K + k)]) * b[static_cast<std::size_t>(rows[k] + j)];
             ref.push_back(sum);
           }
-        for (auto variant : hybra::detail::nn::product_variants<T>()) {
+        for (auto variant : hybra::backend::cpu::product_variants<T>()) {
           CAPTURE(M);
           CAPTURE(n);
           std::vector<T> c(static_cast<std::size_t>(M * (n + 3)), T(-7));
-          variant(
-              hybra::detail::nn::Product<T>{a.data(), K, b.data(), rows.data(), bias.data(), c.data(), n + 3, M, K, n});
+          variant(hybra::backend::cpu::Product<T>{a.data(), K, b.data(), rows.data(), bias.data(), c.data(), n + 3, M,
+                                                  K, n});
           std::vector<double> got;
           for (std::int64_t i = 0; i < M; ++i) {
             for (std::int64_t j = 0; j < n; ++j) got.push_back(c[static_cast<std::size_t>(i * (n + 3) + j)]);
@@ -292,7 +292,7 @@ TEST_CASE("pooling_convention full: ceil's extra windows, which an average divid
   // Captured, the node says which convention, and the block computes what the op does.
   Symbol s = max_pool2d(sym::var("x", Shape{1, 2, 54, 11}), 3, 2, 0, full);
   CHECK(s.shape() == Shape{1, 2, 27, 5});
-  CHECK(graph::find_attr(s.node().attrs, "pooling_convention", "test") == "full");
+  CHECK(op::find_attr(s.node().attrs, "pooling_convention", "test") == "full");
   nn::MaxPool2D pool(3, 2, 0, full);
   pool.hybridize();
   CHECK(max_error(pool(x).to_vector<double>(), max_pool2d(x, 3, 2, 0, full).to_vector<double>()) == 0);
@@ -364,27 +364,27 @@ TEST_CASE("conv2d, pool2d and batch_norm nodes: attributes, inference and the in
   Symbol w = sym::var("w", Shape{4, 3, 3, 3}), b = sym::var("b", Shape{4});
   Symbol c = conv2d(x, w, b, {2, 1}, 1, {1, 2});
   CHECK(c.shape() == Shape{2, 4, 5, 8});
-  CHECK(c.node().attrs == graph::Attrs{{"kernel", "(3, 3)"},
-                                       {"stride", "(2, 1)"},
-                                       {"pad", "(1, 1)"},
-                                       {"dilate", "(1, 2)"},
-                                       {"num_group", "1"},
-                                       {"num_filter", "4"},
-                                       {"no_bias", "false"}});
+  CHECK(c.node().attrs == op::Attrs{{"kernel", "(3, 3)"},
+                                    {"stride", "(2, 1)"},
+                                    {"pad", "(1, 1)"},
+                                    {"dilate", "(1, 2)"},
+                                    {"num_group", "1"},
+                                    {"num_filter", "4"},
+                                    {"no_bias", "false"}});
   Symbol pooled = avg_pool2d(max_pool2d(c, 2, {1, 2}), {2, 1}, 1, 0, false);
   CHECK(pooled.shape() == Shape{2, 4, 3, 4});
   CHECK(pooled.node().op == "pool2d");
-  CHECK(pooled.node().attrs == graph::Attrs{{"kernel", "(2, 1)"},
-                                            {"stride", "(1, 1)"},
-                                            {"pad", "(0, 0)"},
-                                            {"pool_type", "avg"},
-                                            {"global_pool", "false"},
-                                            {"count_include_pad", "false"},
-                                            {"pooling_convention", "valid"}});
+  CHECK(pooled.node().attrs == op::Attrs{{"kernel", "(2, 1)"},
+                                         {"stride", "(1, 1)"},
+                                         {"pad", "(0, 0)"},
+                                         {"pool_type", "avg"},
+                                         {"global_pool", "false"},
+                                         {"count_include_pad", "false"},
+                                         {"pooling_convention", "valid"}});
   Symbol g = sym::var("g", Shape{4}), m = sym::var("m", Shape{4}), v = sym::var("v", Shape{4});
   Symbol normed = batch_norm(global_max_pool2d(pooled), g, b, m, v, 1e-3);
   CHECK(normed.shape() == Shape{2, 4, 1, 1});
-  CHECK(normed.node().attrs == graph::Attrs{{"eps", "0.001"}, {"axis", "1"}});
+  CHECK(normed.node().attrs == op::Attrs{{"eps", "0.001"}, {"axis", "1"}});
   Symbol unbiased = conv2d(x, sym::var("w1", Shape{6, 1, 1, 1}), {}, 1, 0, 1, 3);
   CHECK(unbiased.node().attrs.back() == std::pair<std::string, std::string>{"no_bias", "true"});
 
@@ -408,16 +408,16 @@ TEST_CASE("conv2d, pool2d and batch_norm nodes: attributes, inference and the in
   // A node's attributes must agree with its operands (as when a model file is read).
   const graph::OpDef& conv_def = graph::find_op("conv2d");
   const std::vector<Tensor> operands{zeros({1, 3, 5, 5}), zeros({4, 3, 3, 3})};
-  graph::Attrs attrs{{"kernel", "(5, 5)"}, {"stride", "1"},     {"pad", "(0, 0)"},  {"dilate", "(1, 1)"},
-                     {"num_group", "1"},   {"num_filter", "4"}, {"no_bias", "true"}};
+  op::Attrs attrs{{"kernel", "(5, 5)"}, {"stride", "1"},     {"pad", "(0, 0)"},  {"dilate", "(1, 1)"},
+                  {"num_group", "1"},   {"num_filter", "4"}, {"no_bias", "true"}};
   CHECK_THROWS_WITH_AS(conv_def.eval(operands, attrs),
                        "conv2d: weight of shape (4, 3, 3, 3) does not match num_filter=4 kernel=(5, 5)", ShapeError);
   attrs[0].second = "(3, 3)";
   CHECK(conv_def.eval(operands, attrs).shape() == Shape{1, 4, 3, 3});
   attrs[6].second = "false";
   CHECK_THROWS_WITH_AS(conv_def.eval(operands, attrs), "conv2d: takes (data, weight, bias), not 2 inputs", ValueError);
-  const graph::Attrs sum_pool{{"kernel", "(2, 2)"}, {"stride", "(2, 2)"},     {"pad", "(0, 0)"},
-                              {"pool_type", "sum"}, {"global_pool", "false"}, {"count_include_pad", "true"}};
+  const op::Attrs sum_pool{{"kernel", "(2, 2)"}, {"stride", "(2, 2)"},     {"pad", "(0, 0)"},
+                           {"pool_type", "sum"}, {"global_pool", "false"}, {"count_include_pad", "true"}};
   CHECK_THROWS_WITH_AS(graph::find_op("pool2d").eval(std::vector<Tensor>{zeros({1, 1, 4, 4})}, sum_pool),
                        "pool2d: pool_type 'sum' is not max or avg", ValueError);
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <hybra/eager.hpp>
 #include <hybra/ops/conv_backward.hpp>
+#include <hybra/ops/pool_backward.hpp>
 #include <iterator>
 #include <limits>
 #include <numeric>
@@ -401,12 +402,12 @@ TEST_CASE("the pixel-sum product: every variant this CPU runs on every tile shap
                 sum += double(a[at(s * a_seg + i * len + q)]) * b[at(s * b_seg + rows[at(j)] + q)];
             ref.push_back(sum);
           }
-        for (auto variant : hybra::detail::nn::dot_variants<T>()) {
+        for (auto variant : hybra::backend::cpu::dot_variants<T>()) {
           CAPTURE(M);
           CAPTURE(N);
           std::vector<T> c(at(M * ldc), T(1));
-          variant(hybra::detail::nn::DotProduct<T>{a.data(), len, b.data(), rows.data(), c.data(), ldc, M, N, len,
-                                                   segments, a_seg, b_seg});
+          variant(hybra::backend::cpu::DotProduct<T>{a.data(), len, b.data(), rows.data(), c.data(), ldc, M, N, len,
+                                                     segments, a_seg, b_seg});
           double worst = 0;
           for (std::int64_t i = 0; i < M; ++i) {
             for (std::int64_t j = 0; j < N; ++j)

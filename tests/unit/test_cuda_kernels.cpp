@@ -1,7 +1,7 @@
 // The GPU's reductions, argmax, softmax, cumsum, convolutions, pooling,
 // batch_norm, copies between layouts and random fills without a GPU: the device code of kernels/ runs on the CPU
-// (simt.hpp), launched in the steps jit/cuda_reduce.hpp and
-// jit/cuda_conv.hpp plan for a GPU (a CPU GEMM standing in for cuBLAS), and
+// (simt.hpp), launched in the steps backend/cuda/reduce.hpp and
+// ops/conv_cuda.hpp plan for a GPU (a CPU GEMM standing in for cuBLAS), and
 // must compute what the CPU ops compute; and every program NVRTC makes of
 // it compiles for sm_90 with the entries the launches name.
 #include <doctest/doctest.h>
@@ -11,9 +11,10 @@
 #include <cstddef>
 #include <functional>
 #include <hybra/eager.hpp>
-#include <hybra/jit/cuda_layout.hpp>
-#include <hybra/jit/cuda_random.hpp>
+#include <hybra/backend/cuda/layout.hpp>
+#include <hybra/backend/cuda/random.hpp>
 #include <hybra/ops/conv_backward.hpp>
+#include <hybra/ops/pool_backward.hpp>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -30,7 +31,7 @@
 #include <kernels/softmax.cuh>
 
 using namespace hybra;
-using jit::Reduction;
+using backend::cuda::Reduction;
 
 namespace {
 
@@ -38,7 +39,7 @@ constexpr Reduction all_reductions[] = {Reduction::sum, Reduction::mean, Reducti
                                         Reduction::argmax};
 constexpr DType all_dtypes[] = {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8};
 
-// f.operator()<P, In, Out>() with the policy and types jit/cuda_reduce.hpp
+// f.operator()<P, In, Out>() with the policy and types backend/cuda/reduce.hpp
 // compiles reduction r of dtype d with.
 template <class F>
 void with_policy(Reduction r, DType d, F&& f) {
@@ -61,25 +62,32 @@ void with_policy(Reduction r, DType d, F&& f) {
 
 // The plan's launches, each run by simt.hpp's threads.
 template <class P, class In, class Out>
-void simulate_reduce(const jit::ReducePlan& plan, const In* x, Out* out) {
+void simulate_reduce(const backend::cuda::ReducePlan& plan, const In* x, Out* out) {
   using Acc = typename P::acc;
   std::vector<std::max_align_t> scratch(static_cast<std::size_t>(plan.scratch_bytes) / sizeof(std::max_align_t) + 1);
-  jit::run_reduce_plan(plan, x, out, scratch.data(), [&](const jit::ReduceStep& s, const void* src, void* dst) {
-    auto run = [&]<bool FromAcc, bool ToAcc>() {
-      using I = std::conditional_t<FromAcc, Acc, In>;
-      using O = std::conditional_t<ToAcc, Acc, Out>;
-      const I* xs = static_cast<const I*>(src);
-      O* os = static_cast<O*>(dst);
-      simt::launch(s.blocks, s.threads, [&] {
-        if (s.columns) kernels::reduce_columns<P, I, O, FromAcc, ToAcc>(xs, os, s.O, s.R, s.I, s.len, plan.count);
-        else kernels::reduce_rows<P, I, O, FromAcc, ToAcc>(xs, os, s.O, s.R, s.len, plan.count);
+  backend::cuda::run_reduce_plan(
+      plan, x, out, scratch.data(), [&](const backend::cuda::ReduceStep& s, const void* src, void* dst) {
+        auto run = [&]<bool FromAcc, bool ToAcc>() {
+          using I = std::conditional_t<FromAcc, Acc, In>;
+          using O = std::conditional_t<ToAcc, Acc, Out>;
+          const I* xs = static_cast<const I*>(src);
+          O* os = static_cast<O*>(dst);
+          simt::launch(s.blocks, s.threads, [&] {
+            if (s.columns)
+              kernels::reduce_columns<P, I, O, FromAcc, ToAcc>(xs, os, s.O, s.R, s.I, s.len, plan.count);
+            else
+              kernels::reduce_rows<P, I, O, FromAcc, ToAcc>(xs, os, s.O, s.R, s.len, plan.count);
+          });
+        };
+        if (s.from_acc && s.to_acc)
+          run.template operator()<true, true>();
+        else if (s.from_acc)
+          run.template operator()<true, false>();
+        else if (s.to_acc)
+          run.template operator()<false, true>();
+        else
+          run.template operator()<false, false>();
       });
-    };
-    if (s.from_acc && s.to_acc) run.template operator()<true, true>();
-    else if (s.from_acc) run.template operator()<true, false>();
-    else if (s.to_acc) run.template operator()<false, true>();
-    else run.template operator()<false, false>();
-  });
 }
 
 Tensor cpu_reduction(Reduction r, const Tensor& x, const std::optional<std::vector<std::int64_t>>& axes) {
@@ -106,7 +114,7 @@ Tensor simulated_reduction(Reduction r, const Tensor& x, const std::optional<std
   with_policy(r, x.dtype(), [&]<class P, class In, class Out>() {
     REQUIRE(sizeof(typename P::acc) == static_cast<std::size_t>(rd::gpu_acc_bytes(r, x.dtype())));
     REQUIRE(sizeof(Out) == size_of(like.dtype()));
-    const auto plan = jit::plan_reduce(blocks, rd::gpu_acc_bytes(r, x.dtype()), sms, max_threads);
+    const auto plan = backend::cuda::plan_reduce(blocks, rd::gpu_acc_bytes(r, x.dtype()), sms, max_threads);
     simulate_reduce<P>(plan, static_cast<const In*>(x.raw_data()), static_cast<Out*>(out.raw_data()));
   });
   return out;
@@ -159,7 +167,7 @@ TEST_CASE("cuda kernels: every reduction of every dtype, planned for a GPU and r
         const Tensor want = cpu_reduction(r, x, c.axes);
         for (int sms : {1, 8}) {
           CAPTURE(to_string(c.shape));
-          CAPTURE(jit::detail::reduction_name(r));
+          CAPTURE(backend::cuda::detail::reduction_name(r));
           CAPTURE(name(d));
           CAPTURE(sms);
           check_close(simulated_reduction(r, x, c.axes, want, sms, sms == 1 ? 32 : 64), want);
@@ -174,7 +182,7 @@ TEST_CASE("cuda kernels: NaN wins max, min and argmax; argmax takes the first of
   Tensor x = array<float>({1, 5, 5, 2, NAN, 3, NAN, 5}, {8});
   Tensor ties = array<double>({-1, 7, 3, 7, 7, 0}, {2, 3});
   for (Reduction r : {Reduction::max, Reduction::min, Reduction::argmax}) {
-    CAPTURE(jit::detail::reduction_name(r));
+    CAPTURE(backend::cuda::detail::reduction_name(r));
     check_close(simulated_reduction(r, x, std::nullopt, cpu_reduction(r, x, std::nullopt), 1, 32),
                 cpu_reduction(r, x, std::nullopt));
   }
@@ -187,12 +195,12 @@ TEST_CASE("cuda kernels: NaN wins max, min and argmax; argmax takes the first of
 TEST_CASE("cuda kernels: a whole-tensor sum of 2^20 float32 in pieces is correct to float32 rounding") {
   const Tensor x = full({1 << 20}, 0.1, DType::float32);
   const Tensor got = simulated_reduction(Reduction::sum, x, std::nullopt, sum(x), 16, 256);
-  const auto plan = jit::plan_reduce(std::vector<std::array<std::int64_t, 3>>{{1, 1 << 20, 1}}, 8, 16);
+  const auto plan = backend::cuda::plan_reduce(std::vector<std::array<std::int64_t, 3>>{{1, 1 << 20, 1}}, 8, 16);
   CHECK(plan.steps.size() == 2);  // the pieces (one block each, sixteen per multiprocessor), then the pieces' sum
   CHECK(plan.steps[0].blocks == 256);
   CHECK(got.item<float>() == sum(x).item<float>());
   CHECK(std::abs(got.item<float>() - 0.1f * (1 << 20)) <= 0.1f * (1 << 20) * 1e-6);
-  const auto h100 = jit::plan_reduce(std::vector<std::array<std::int64_t, 3>>{{1, 1 << 26, 1}}, 8, 132);
+  const auto h100 = backend::cuda::plan_reduce(std::vector<std::array<std::int64_t, 3>>{{1, 1 << 26, 1}}, 8, 132);
   CHECK(h100.steps[0].blocks == 2112);  // an H100's 132 multiprocessors, sixteen blocks each
 }
 
@@ -217,7 +225,7 @@ TEST_CASE("cuda kernels: softmax and log_softmax, planned for a GPU and run on s
           if constexpr (std::is_floating_point_v<T>) {
             const T* xs = static_cast<const T*>(x.raw_data());
             T* ys = static_cast<T*>(got.raw_data());
-            const jit::SoftmaxLaunch launch = jit::plan_softmax(O, R, I, 1);
+            const backend::cuda::SoftmaxLaunch launch = backend::cuda::plan_softmax(O, R, I, 1);
             simt::launch(launch.blocks, launch.threads, [&] {
               if (!launch.columns) log ? kernels::softmax_rows<true>(xs, ys, O, R) : kernels::softmax_rows<false>(xs, ys, O, R);
               else log ? kernels::softmax_columns<true>(xs, ys, O, R, I) : kernels::softmax_columns<false>(xs, ys, O, R, I);
@@ -235,23 +243,25 @@ TEST_CASE("cuda kernels: every reduction and softmax program compiles for sm_90,
   REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
   for (Reduction r : all_reductions)
     for (DType d : all_dtypes) {
-      CAPTURE(jit::detail::reduction_name(r));
+      CAPTURE(backend::cuda::detail::reduction_name(r));
       CAPTURE(name(d));
-      const std::string source = jit::cuda_reduce_program(r, d);
+      const std::string source = backend::cuda::cuda_reduce_program(r, d);
       const Tensor like = cpu_reduction(r, zeros({2}, d), std::nullopt);
-      CHECK(source.find("using Out = " + std::string(jit::cuda_type(like.dtype())) + ";") != std::string::npos);
-      const std::string ptx = jit::cuda_ptx(source, "reduce.cu");
+      CHECK(source.find("using Out = " + std::string(backend::cuda::cuda_type(like.dtype())) + ";") !=
+            std::string::npos);
+      const std::string ptx = backend::cuda::cuda_ptx(source, "reduce.cu");
       for (bool columns : {false, true})
         for (bool from_acc : {false, true})
           for (bool to_acc : {false, true})
-            CHECK(ptx.find(".entry " + jit::detail::reduce_entry(r, d, {columns, from_acc, to_acc, 0, 0, 0, 0, 0, 0, 0, 0})) !=
+            CHECK(ptx.find(".entry " + backend::cuda::detail::reduce_entry(
+                                           r, d, {columns, from_acc, to_acc, 0, 0, 0, 0, 0, 0, 0, 0})) !=
                   std::string::npos);
     }
   for (DType d : {DType::float32, DType::float64})
     for (bool log : {false, true}) {
-      const std::string ptx = jit::cuda_ptx(jit::cuda_softmax_program(log, d), "softmax.cu");
-      CHECK(ptx.find(".entry " + jit::softmax_entry(log, d, false)) != std::string::npos);
-      CHECK(ptx.find(".entry " + jit::softmax_entry(log, d, true)) != std::string::npos);
+      const std::string ptx = backend::cuda::cuda_ptx(backend::cuda::cuda_softmax_program(log, d), "softmax.cu");
+      CHECK(ptx.find(".entry " + backend::cuda::softmax_entry(log, d, false)) != std::string::npos);
+      CHECK(ptx.find(".entry " + backend::cuda::softmax_entry(log, d, true)) != std::string::npos);
     }
 }
 
@@ -279,7 +289,7 @@ double tolerance(DType d) { return d == DType::float32 ? 1e-5 : 1e-12; }
 // cuBLAS's part, on the CPU: c = op(a) op(b) (+ c), row-major as
 // backend::cuda::gemm takes its operands.
 template <class T>
-void cpu_gemm(const jit::ConvStep& s, const T* a, const T* b, T* c) {
+void cpu_gemm(const detail::nn::ConvStep& s, const T* a, const T* b, T* c) {
   for (std::int64_t i = 0; i < s.M; ++i)
     for (std::int64_t j = 0; j < s.N; ++j) {
       T sum = 0;
@@ -292,11 +302,11 @@ void cpu_gemm(const jit::ConvStep& s, const T* a, const T* b, T* c) {
 // A pass of the convolution g planned for a GPU (scratch under
 // scratch_limit elements) and run on simulated threads: operands as the
 // op takes them, the result of out_shape.
-Tensor simulated_conv(jit::ConvPass pass, const detail::nn::Conv2dGeometry& g, const std::vector<Tensor>& operands,
-                      const Shape& out_shape, std::int64_t scratch_limit) {
+Tensor simulated_conv(detail::nn::ConvPass pass, const detail::nn::Conv2dGeometry& g,
+                      const std::vector<Tensor>& operands, const Shape& out_shape, std::int64_t scratch_limit) {
   const DType d = operands[0].dtype();
-  const bool bias = pass == jit::ConvPass::forward && operands.size() == 3;
-  const jit::ConvPlan plan = jit::plan_conv2d(pass, g, bias, 1, scratch_limit);
+  const bool bias = pass == detail::nn::ConvPass::forward && operands.size() == 3;
+  const detail::nn::ConvPlan plan = detail::nn::plan_conv2d(pass, g, bias, 1, scratch_limit);
   Tensor out(out_shape, d);
   std::vector<const void*> in;
   for (const Tensor& t : operands) {
@@ -308,24 +318,24 @@ Tensor simulated_conv(jit::ConvPass pass, const detail::nn::Conv2dGeometry& g, c
     using T = typename decltype(tag)::type;
     if constexpr (std::is_floating_point_v<T>) {
       std::vector<T> scratch(static_cast<std::size_t>(plan.scratch_elements) + 1);
-      jit::run_conv_plan(
+      detail::nn::run_conv_plan(
           plan, in, out.raw_data(), scratch.data(), sizeof(T),
-          [&](const jit::ConvStep& s, void* a, void* b, void* c) {
+          [&](const detail::nn::ConvStep& s, void* a, void* b, void* c) {
             const T* x = static_cast<const T*>(a);
             T* y = static_cast<T*>(c);
             simt::launch(s.grid.blocks, s.grid.threads, [&] {
               switch (s.kernel) {
-                case jit::ConvKernel::im2col: kernels::im2col(x, y, geometry, s.images); break;
-                case jit::ConvKernel::conv_output:
+                case detail::nn::ConvKernel::im2col: kernels::im2col(x, y, geometry, s.images); break;
+                case detail::nn::ConvKernel::conv_output:
                   kernels::conv_output(x, static_cast<const T*>(b), y, geometry, s.images);
                   break;
-                case jit::ConvKernel::filters_major: kernels::filters_major(x, y, geometry, s.images); break;
-                case jit::ConvKernel::col2im: kernels::col2im(x, y, geometry, s.images); break;
-                case jit::ConvKernel::fill_zero: kernels::fill_zero(y, s.images); break;
+                case detail::nn::ConvKernel::filters_major: kernels::filters_major(x, y, geometry, s.images); break;
+                case detail::nn::ConvKernel::col2im: kernels::col2im(x, y, geometry, s.images); break;
+                case detail::nn::ConvKernel::fill_zero: kernels::fill_zero(y, s.images); break;
               }
             });
           },
-          [&](const jit::ConvStep& s, void* a, void* b, void* c) {
+          [&](const detail::nn::ConvStep& s, void* a, void* b, void* c) {
             cpu_gemm<T>(s, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(c));
           });
     }
@@ -363,28 +373,28 @@ TEST_CASE("cuda kernels: conv2d and both its gradients, planned for a GPU and ru
       const Tensor dw = conv2d_backward_weight(dy, x, c.w, c.stride, c.padding, c.dilation, c.groups);
       // All the images in one chunk, and one or two images a chunk (dW accumulates across chunks).
       const std::int64_t per_image = (g.C * g.KH * g.KW + g.F) * g.OH * g.OW;
-      for (std::int64_t limit : {jit::conv_scratch_elements, per_image, 2 * per_image + 1}) {
+      for (std::int64_t limit : {detail::nn::conv_scratch_elements, per_image, 2 * per_image + 1}) {
         CAPTURE(to_string(c.x));
         CAPTURE(to_string(c.w));
         CAPTURE(name(d));
         CAPTURE(limit);
         const std::vector<Tensor> forward = c.bias ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
-        check_near(simulated_conv(jit::ConvPass::forward, g, forward, y.shape(), limit), y, tolerance(d));
-        check_near(simulated_conv(jit::ConvPass::backward_data, g, {dy, w}, c.x, limit), dx, tolerance(d));
-        check_near(simulated_conv(jit::ConvPass::backward_weight, g, {dy, x}, c.w, limit), dw, tolerance(d));
+        check_near(simulated_conv(detail::nn::ConvPass::forward, g, forward, y.shape(), limit), y, tolerance(d));
+        check_near(simulated_conv(detail::nn::ConvPass::backward_data, g, {dy, w}, c.x, limit), dx, tolerance(d));
+        check_near(simulated_conv(detail::nn::ConvPass::backward_weight, g, {dy, x}, c.w, limit), dw, tolerance(d));
         ++checked;
       }
     }
   CHECK(checked == 42);
   // The plans: LeNet's first layer in one chunk is one im2col, one GEMM, one conv_output; two groups, two GEMMs.
   const auto lenet = detail::nn::conv2d_geometry({256, 1, 28, 28}, {6, 1, 5, 5}, 1, 2, 1, 1);
-  const auto forward = jit::plan_conv2d(jit::ConvPass::forward, lenet, true, 132);
+  const auto forward = detail::nn::plan_conv2d(detail::nn::ConvPass::forward, lenet, true, 132);
   REQUIRE(forward.steps.size() == 3);
   CHECK(forward.steps[1].gemm);
   CHECK(forward.steps[1].M == 6);
   CHECK(forward.steps[1].N == 256 * 28 * 28);
   CHECK(forward.steps[1].K == 25);
-  const auto weight = jit::plan_conv2d(jit::ConvPass::backward_weight, lenet, false, 132, 31 * 784 * 100);
+  const auto weight = detail::nn::plan_conv2d(detail::nn::ConvPass::backward_weight, lenet, false, 132, 31 * 784 * 100);
   REQUIRE(weight.steps.size() == 9);  // three chunks of at most 100 images: filters_major, im2col, a GEMM each
   CHECK(!weight.steps[2].accumulate);
   CHECK(weight.steps[5].accumulate);
@@ -396,15 +406,15 @@ TEST_CASE("cuda kernels: a convolution nothing contributes to is zeros, or the b
     CAPTURE(name(d));
     const Tensor w = sample(d, {0, 2, 3, 3}, 1), dy = zeros({2, 0, 3, 3}, d);
     const auto no_filters = detail::nn::conv2d_geometry({2, 2, 5, 5}, {0, 2, 3, 3}, 1, 0, 1, 1);
-    check_near(simulated_conv(jit::ConvPass::backward_data, no_filters, {dy, w}, {2, 2, 5, 5}, 1 << 20),
+    check_near(simulated_conv(detail::nn::ConvPass::backward_data, no_filters, {dy, w}, {2, 2, 5, 5}, 1 << 20),
                zeros({2, 2, 5, 5}, d), 0);
     const auto no_images = detail::nn::conv2d_geometry({0, 2, 5, 5}, {4, 2, 3, 3}, 1, 0, 1, 1);
-    check_near(simulated_conv(jit::ConvPass::backward_weight, no_images, {zeros({0, 4, 3, 3}, d), zeros({0, 2, 5, 5}, d)},
-                              {4, 2, 3, 3}, 1 << 20),
+    check_near(simulated_conv(detail::nn::ConvPass::backward_weight, no_images,
+                              {zeros({0, 4, 3, 3}, d), zeros({0, 2, 5, 5}, d)}, {4, 2, 3, 3}, 1 << 20),
                zeros({4, 2, 3, 3}, d), 0);
     const Tensor x = zeros({2, 0, 5, 5}, d), empty_w = zeros({3, 0, 3, 3}, d), b = sample(d, {3}, 2);
     const auto no_channels = detail::nn::conv2d_geometry(x.shape(), empty_w.shape(), 1, 0, 1, 1);
-    check_near(simulated_conv(jit::ConvPass::forward, no_channels, {x, empty_w, b}, {2, 3, 3, 3}, 1 << 20),
+    check_near(simulated_conv(detail::nn::ConvPass::forward, no_channels, {x, empty_w, b}, {2, 3, 3, 3}, 1 << 20),
                conv2d(x, empty_w, b), 0);
   }
 }
@@ -419,11 +429,11 @@ struct PoolCase {
 };
 
 // A pooling (or its gradient) of geometry g on simulated threads, launched
-// as jit/cuda_conv.hpp launches it.
+// as ops/conv_cuda.hpp launches it.
 template <bool Max>
 Tensor simulated_pool(const detail::nn::Pool2dGeometry& g, const Tensor& x, const Tensor* dy, bool count_include_pad) {
   const DType d = x.dtype();
-  const bool per_window = Max && dy && jit::disjoint_windows(g);
+  const bool per_window = Max && dy && detail::nn::disjoint_windows(g);
   // Zeroed where the launch zeroes dx first; else NaN, which every element written replaces.
   const Shape shape = dy ? x.shape() : Shape{g.N, g.C, g.OH, g.OW};
   Tensor out = per_window ? zeros(shape, d) : full(shape, NAN, d);
@@ -436,7 +446,8 @@ Tensor simulated_pool(const detail::nn::Pool2dGeometry& g, const Tensor& x, cons
     if constexpr (std::is_floating_point_v<T>) {
       const T* xs = static_cast<const T*>(x.raw_data());
       T* ys = static_cast<T*>(out.raw_data());
-      const jit::ElementwiseGrid grid = jit::grid_over(per_window ? g.N * g.C * g.OH * g.OW : out.size(), 1);
+      const backend::cuda::ElementwiseGrid grid =
+          backend::cuda::grid_over(per_window ? g.N * g.C * g.OH * g.OW : out.size(), 1);
       simt::launch(grid.blocks, grid.threads, [&] {
         const T* dys = dy ? static_cast<const T*>(dy->raw_data()) : nullptr;
         if (per_window) kernels::max_pool2d_backward_disjoint<T>(dys, xs, ys, geometry);
@@ -545,7 +556,7 @@ TEST_CASE("cuda kernels: batch_norm on simulated threads is the CPU's, along any
         using T = typename decltype(tag)::type;
         if constexpr (std::is_floating_point_v<T>) {
           auto p = [](const Tensor& t) { return static_cast<const T*>(t.raw_data()); };
-          const jit::ElementwiseGrid grid = jit::grid_over(x.size(), 1);
+          const backend::cuda::ElementwiseGrid grid = backend::cuda::grid_over(x.size(), 1);
           simt::launch(grid.blocks, grid.threads, [&] {
             kernels::batch_norm(p(x), p(gamma), p(beta), p(mean), p(var), static_cast<T*>(got.raw_data()), outer, C,
                                 inner, 1e-3);
@@ -572,7 +583,7 @@ TEST_CASE("cuda kernels: cumsum on simulated threads is the CPU's, bit for bit, 
         dispatch(d, [&](auto tag) {
           using In = typename decltype(tag)::type;
           using Out = std::conditional_t<std::is_floating_point_v<In>, In, std::int64_t>;
-          const jit::ElementwiseGrid grid = jit::grid_over(b.outer * b.inner, 1);
+          const backend::cuda::ElementwiseGrid grid = backend::cuda::grid_over(b.outer * b.inner, 1);
           simt::launch(grid.blocks, grid.threads, [&] {
             kernels::cumsum(static_cast<const In*>(x.raw_data()), static_cast<Out*>(got.raw_data()), b.outer, b.R,
                             b.inner, reverse);
@@ -586,7 +597,7 @@ TEST_CASE("cuda kernels: the cumsum program compiles for sm_90 in every dtype, w
   REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
   for (DType d : all_dtypes) {
     CAPTURE(name(d));
-    const std::string ptx = jit::cuda_ptx(detail::cumsum::cuda_program(d), "cumsum.cu");
+    const std::string ptx = backend::cuda::cuda_ptx(detail::cumsum::cuda_program(d), "cumsum.cu");
     CHECK(ptx.find(".entry " + detail::cumsum::entry(d) + "(") != std::string::npos);
   }
 }
@@ -595,27 +606,29 @@ TEST_CASE("cuda kernels: every convolution, pooling and batch_norm program compi
   REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
   for (DType d : {DType::float32, DType::float64}) {
     CAPTURE(name(d));
-    const std::string conv = jit::cuda_ptx(jit::cuda_conv_program(d), "conv.cu");
-    for (jit::ConvKernel k : {jit::ConvKernel::im2col, jit::ConvKernel::conv_output, jit::ConvKernel::filters_major,
-                              jit::ConvKernel::col2im, jit::ConvKernel::fill_zero})
-      CHECK(conv.find(".entry " + jit::conv_entry(k, d) + "(") != std::string::npos);
-    const std::string pool = jit::cuda_ptx(jit::cuda_pool_program(d), "pool.cu");
+    const std::string conv = backend::cuda::cuda_ptx(detail::nn::cuda_conv_program(d), "conv.cu");
+    for (detail::nn::ConvKernel k :
+         {detail::nn::ConvKernel::im2col, detail::nn::ConvKernel::conv_output, detail::nn::ConvKernel::filters_major,
+          detail::nn::ConvKernel::col2im, detail::nn::ConvKernel::fill_zero})
+      CHECK(conv.find(".entry " + detail::nn::conv_entry(k, d) + "(") != std::string::npos);
+    const std::string pool = backend::cuda::cuda_ptx(detail::nn::cuda_pool_program(d), "pool.cu");
     for (bool max : {false, true})
-      for (bool backward : {false, true}) CHECK(pool.find(".entry " + jit::pool_entry(max, backward, d) + "(") != std::string::npos);
-    CHECK(pool.find(".entry " + jit::disjoint_max_pool_backward_entry(d) + "(") != std::string::npos);
-    const std::string bn = jit::cuda_ptx(jit::cuda_batch_norm_program(d), "batch_norm.cu");
-    CHECK(bn.find(".entry " + jit::batch_norm_entry(d) + "(") != std::string::npos);
+      for (bool backward : {false, true})
+        CHECK(pool.find(".entry " + detail::nn::pool_entry(max, backward, d) + "(") != std::string::npos);
+    CHECK(pool.find(".entry " + detail::nn::disjoint_max_pool_backward_entry(d) + "(") != std::string::npos);
+    const std::string bn = backend::cuda::cuda_ptx(detail::nn::cuda_batch_norm_program(d), "batch_norm.cu");
+    CHECK(bn.find(".entry " + detail::nn::batch_norm_entry(d) + "(") != std::string::npos);
   }
 }
 
 namespace {
 
 // src copied into dst by the GPU's copy kernel on simulated threads, through
-// the layout jit/cuda_layout.hpp makes of their views.
+// the layout backend/cuda/layout.hpp makes of their views.
 void simulated_copy(const Tensor& src, const Tensor& dst) {
   src.wait_to_read();
   dst.wait_to_write();
-  const jit::LayoutCopy copy(src, dst, 0, "test", 1);
+  const backend::cuda::LayoutCopy copy(src, dst, 0, "test", 1);
   dispatch(src.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     simt::launch(copy.grid.blocks, copy.grid.threads, [&] {
@@ -657,18 +670,20 @@ TEST_CASE("cuda kernels: a copy between any two views, run on simulated threads,
 
 TEST_CASE("cuda kernels: a copy's layout merges the axes both sides walk alike, and refuses more than it takes") {
   const Tensor x = zeros({2, 3, 4, 5});
-  CHECK(jit::copy_layout(x.shape(), x.strides(), x.strides(), "copy").axes == 1);  // contiguous: one run
+  CHECK(backend::cuda::copy_layout(x.shape(), x.strides(), x.strides(), "copy").axes == 1);  // contiguous: one run
   const Tensor t = transpose(x, {0, 1, 3, 2});
-  CHECK(jit::copy_layout(t.shape(), t.strides(), contiguous_strides(t.shape()), "copy").axes == 3);
+  CHECK(backend::cuda::copy_layout(t.shape(), t.strides(), contiguous_strides(t.shape()), "copy").axes == 3);
   const Tensor seven = transpose(zeros({2, 2, 2, 2, 2, 2, 2}), {6, 5, 4, 3, 2, 1, 0});
-  CHECK_THROWS_WITH_AS(jit::copy_layout(seven.shape(), seven.strides(), contiguous_strides(seven.shape()), "copy"),
-                       doctest::Contains("copy: a copy of shape (2, 2, 2, 2, 2, 2, 2)"), ShapeError);
+  CHECK_THROWS_WITH_AS(
+      backend::cuda::copy_layout(seven.shape(), seven.strides(), contiguous_strides(seven.shape()), "copy"),
+      doctest::Contains("copy: a copy of shape (2, 2, 2, 2, 2, 2, 2)"), ShapeError);
 }
 
 TEST_CASE("cuda kernels: the copy program compiles for sm_90, with an entry for each element width") {
   REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
-  const std::string ptx = jit::cuda_ptx(jit::cuda_copy_program(), "copy.cu");
-  for (std::size_t width : {1, 4, 8}) CHECK(ptx.find(".entry " + jit::copy_entry(width) + "(") != std::string::npos);
+  const std::string ptx = backend::cuda::cuda_ptx(backend::cuda::cuda_copy_program(), "copy.cu");
+  for (std::size_t width : {1, 4, 8})
+    CHECK(ptx.find(".entry " + backend::cuda::copy_entry(width) + "(") != std::string::npos);
 }
 
 TEST_CASE("cuda kernels: random fills on simulated threads draw what the CPU draws, from the same counter blocks") {
@@ -685,7 +700,7 @@ TEST_CASE("cuda kernels: random fills on simulated threads draw what the CPU dra
       Tensor got(shape, d);
       const std::uint64_t first = gpu_draws.advance(Generator::blocks_for(got.size()));
       const kernels::draw_params p{first, gpu_draws.key()[0], gpu_draws.key()[1], normal ? 0.5 : -1.0, normal ? 2.0 : 3.0};
-      const jit::ElementwiseGrid grid = jit::grid_over(Generator::blocks_for(got.size()), 1);
+      const backend::cuda::ElementwiseGrid grid = backend::cuda::grid_over(Generator::blocks_for(got.size()), 1);
       dispatch(d, [&](auto tag) {
         using T = typename decltype(tag)::type;
         if constexpr (std::is_floating_point_v<T>) {
@@ -717,7 +732,7 @@ TEST_CASE("cuda kernels: dropout on simulated threads keeps and scales what the 
       CAPTURE(from_plan);
       Tensor got(x.shape(), d);
       x.wait_to_read();
-      const jit::ElementwiseGrid grid = jit::grid_over(Generator::blocks_for(x.size()), 1);
+      const backend::cuda::ElementwiseGrid grid = backend::cuda::grid_over(Generator::blocks_for(x.size()), 1);
       dispatch(d, [&](auto tag) {
         using T = typename decltype(tag)::type;
         if constexpr (std::is_floating_point_v<T>) {
@@ -734,14 +749,15 @@ TEST_CASE("cuda kernels: dropout on simulated threads keeps and scales what the 
 
 TEST_CASE("cuda kernels: the random program compiles for sm_90, with an entry per draw and dtype, and dropout's") {
   REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
-  const std::string ptx = jit::cuda_ptx(jit::cuda_random_program(), "random.cu");
+  const std::string ptx = backend::cuda::cuda_ptx(backend::cuda::cuda_random_program(), "random.cu");
   for (DType d : {DType::float32, DType::float64})
     for (bool normal : {false, true}) {
-      const std::size_t entry = ptx.find(".entry " + jit::random_entry(normal, d) + "(");
+      const std::size_t entry = ptx.find(".entry " + backend::cuda::random_entry(normal, d) + "(");
       REQUIRE(entry != std::string::npos);
       // A uniform is low + (high - low) u rounded one operation at a time, as
       // on the CPU: no fused multiply-add (the normals' log, cos and sin have theirs).
       if (!normal) CHECK(ptx.substr(entry, ptx.find(".entry", entry + 1) - entry).find("fma.rn.f64") == std::string::npos);
     }
-  for (DType d : {DType::float32, DType::float64}) CHECK(ptx.find(".entry " + jit::dropout_entry(d) + "(") != std::string::npos);
+  for (DType d : {DType::float32, DType::float64})
+    CHECK(ptx.find(".entry " + backend::cuda::dropout_entry(d) + "(") != std::string::npos);
 }

@@ -452,7 +452,7 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     waitall();
     CHECK(counted.dtype() == DType::float32);
     CHECK(fake.calls("cuLaunchKernel") == launches + 9);
-    CHECK(fake.last_launch() == jit::cuda_convert_kernel_name(DType::int32, DType::float32));
+    CHECK(fake.last_launch() == backend::cuda::cuda_convert_kernel_name(DType::int32, DType::float32));
     CHECK_THROWS_WITH_AS(sum(ones({2}, DType::float32, cuda(0)), 1), doctest::Contains("sum: axis 1"), AxisError);
   }
 
@@ -486,8 +486,8 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     // A sum in pieces: their accumulators live in the workspace, after the planned values.
     auto v = sym::var("v", Shape{1 << 20});
     jit::Plan total(graph::optimize(graph::trace({sum(v)})), cuda(0), false, "total");
-    const auto pieces = jit::plan_reduce(std::vector<std::array<std::int64_t, 3>>{{1, 1 << 20, 1}}, 8,
-                                         backend::cuda::gpu(0).info().multiprocessors);
+    const auto pieces = backend::cuda::plan_reduce(std::vector<std::array<std::int64_t, 3>>{{1, 1 << 20, 1}}, 8,
+                                                   backend::cuda::gpu(0).info().multiprocessors);
     REQUIRE(pieces.steps.size() == 2);
     CHECK(total.peak_bytes() >= static_cast<std::size_t>(pieces.scratch_bytes) + sizeof(float));
     const long before = fake.calls("kernels run");

@@ -13,8 +13,11 @@
 #include <hybra/backend/cpu/gemv.hpp>
 #include <hybra/engine/engine.hpp>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -652,6 +655,64 @@ TEST_CASE("engine: bad pushes are refused with the op's name") {
   e.wait_to_read(v);
   CHECK(x == 1);
   e.waitall();
+}
+
+namespace {
+// A GPU side that runs each op at once and notes what the engine asked of it.
+struct NotingFence final : engine::Fence {
+  NotingFence(int id, std::atomic<int>& waits) : id(id), waits(waits) {}
+  int gpu() const override { return id; }
+  void wait() const override { ++waits; }
+  int id;
+  std::atomic<int>& waits;
+};
+struct NotingGpuWork final : engine::GpuWork {
+  void require(int id) override {
+    if (id != 0) fail<DeviceError>("only cuda(0) here");
+  }
+  engine::FencePtr run(int id, std::string_view op, std::span<const engine::FencePtr> after,
+                       engine::detail::Task& fn) override {
+    fn();
+    std::lock_guard g(mutex);
+    ran.emplace_back(op);
+    waited_on_stream += static_cast<int>(after.size());
+    return std::make_shared<NotingFence>(id, waits);
+  }
+  void drain_at_exit(void (*)()) override {}
+  std::mutex mutex;
+  std::vector<std::string> ran;
+  int waited_on_stream = 0;
+  std::atomic<int> waits{0};
+};
+}  // namespace
+
+TEST_CASE("engine: GPU ops go through the engine's own interface to the GPUs, and without one are refused") {
+  engine::GpuWork* const registered = engine::gpu_work();
+  NotingGpuWork gpus;
+  engine::gpu_work_slot().store(&gpus);
+  {
+    Engine e(threaded());
+    Var v;
+    int x = 0;
+    e.push("on the gpu", [&] { x = 1; }, {}, {v}, cuda(0));
+    e.push("after it", [&] { x += 1; }, {v}, {v}, cuda(0));
+    e.wait_to_read(v);  // the host waits for the fence of the last op
+    CHECK(x == 2);
+    CHECK(gpus.ran == std::vector<std::string>{"on the gpu", "after it"});
+    CHECK(gpus.waited_on_stream == 1);  // the second op was handed the first's fence
+    CHECK(gpus.waits.load() >= 1);
+    CHECK_THROWS_WITH_AS(e.push("far away", [] {}, {}, {v}, cuda(1)),
+                         doctest::Contains("engine: op 'far away' pushed to cuda(1): only cuda(0) here"), DeviceError);
+    e.waitall();
+  }
+  engine::gpu_work_slot().store(nullptr);
+  {
+    Engine e(threaded());
+    Var v;
+    CHECK_THROWS_WITH_AS(e.push("lost", [] {}, {}, {v}, cuda(0)),
+                         doctest::Contains("op 'lost' pushed to cuda(0): this program has no GPU backend"), DeviceError);
+  }
+  engine::gpu_work_slot().store(registered);
 }
 
 TEST_CASE("engine: the global engine") {

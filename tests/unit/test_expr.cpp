@@ -215,7 +215,7 @@ TEST_CASE("fused equals unfused, on contiguous, broadcast and strided operands")
   auto c = random_normal({50}, 0, 1, DType::float32, cpu(), g);
   auto bt = b.view({50, 64}, {1, 50}, 0);  // b's storage seen as a transposed (50, 64)
   // Arithmetic is bit-identical. Unfused nodes run the run-time fused loop
-  // (jit/elementwise_op.hpp), so exp/tanh/log/pow may run the vector (libmvec)
+  // (expr/elementwise_op.hpp), so exp/tanh/log/pow may run the vector (libmvec)
   // variant in one evaluation and the scalar one in the other (they differ by
   // up to 2 ulp): those compare within float accuracy.
   auto check = [](const auto& e, double abs_tol) {

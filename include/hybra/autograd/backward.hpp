@@ -11,7 +11,7 @@
 
 #include "../graph/graph.hpp"
 #include "gradients.hpp"
-#include "tape.hpp"
+#include "../ops/tape.hpp"
 
 namespace hybra::autograd {
 

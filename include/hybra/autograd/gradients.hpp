@@ -45,11 +45,11 @@ struct GradContext {
   std::span<const Symbol> in;  // the op's operands
   Symbol out;                  // its result
   Symbol dy;                   // the gradient of its result
-  const graph::Attrs& attrs;
+  const op::Attrs& attrs;
   std::vector<bool> wanted;  // which operands need a gradient
 
   const Shape& shape(std::size_t i) const { return in[i].shape(); }
-  std::int64_t int_attr(std::string_view key) const { return graph::int_attr(attrs, key, "gradient"); }
+  std::int64_t int_attr(std::string_view key) const { return op::int_attr(attrs, key, "gradient"); }
 
   // The operands' gradients, in order (fewer than the operands: the rest get none).
   template <class... X>
@@ -81,11 +81,11 @@ struct GradContext {
   HYBRA_GRADIENT_FUNCTION(slice)
 #undef HYBRA_GRADIENT_FUNCTION
   // A node of an op that only gradients use.
-  static Symbol make(std::string op, graph::Attrs attrs, std::vector<Symbol> inputs) {
+  static Symbol make(std::string op, op::Attrs attrs, std::vector<Symbol> inputs) {
     return graph::make_symbol(std::move(op), std::move(attrs), std::move(inputs));
   }
-  static graph::Attrs with_shape(graph::Attrs attrs, const Shape& shape) {
-    attrs.emplace_back("shape", graph::attr_text(shape));
+  static op::Attrs with_shape(op::Attrs attrs, const Shape& shape) {
+    attrs.emplace_back("shape", op::attr_text(shape));
     return attrs;
   }
 
@@ -108,13 +108,13 @@ struct GradContext {
   }
   // A reduction's axes attribute (None: every axis).
   Axes reduced_axes() const {
-    auto axes = graph::optional_tuple_attr(attrs, "axis", "gradient");
+    auto axes = op::optional_tuple_attr(attrs, "axis", "gradient");
     return axes ? Axes(*axes) : Axes();
   }
   // A reduction's result-shaped value (its result, or the result's gradient)
   // with the reduced axes put back as size 1, so that it broadcasts to the input.
   Symbol keep_reduced_axes(const Symbol& v) const {
-    if (graph::bool_attr(attrs, "keepdims", "gradient")) return v;
+    if (op::bool_attr(attrs, "keepdims", "gradient")) return v;
     const Shape& x = shape(0);
     Shape kept = x;
     const Axes reduced = reduced_axes();

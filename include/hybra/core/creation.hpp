@@ -119,7 +119,7 @@ Tensor array(std::initializer_list<std::initializer_list<T>> rows) {
 
 namespace detail {
 // Queues filling t, contiguous on a GPU, as random_fill fills it on the CPU
-// (defined by jit/cuda_random.hpp).
+// (defined by backend/cuda/random.hpp).
 inline void push_draws_cuda(const Tensor& t, bool normal, double a, double b, std::array<std::uint32_t, 2> key,
                             std::uint64_t first, const char* op);
 

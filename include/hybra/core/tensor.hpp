@@ -28,7 +28,7 @@ concept yap_expression = boost::yap::is_expr<std::remove_cvref_t<E>>::value;
 
 class Symbol;  // graph/symbol.hpp
 namespace autograd {
-struct Entry;  // autograd/tape.hpp
+struct Entry;  // ops/tape.hpp
 }
 
 // Whether an expression has a Symbol leaf: such an expression describes a
@@ -137,7 +137,7 @@ class Tensor {
   // shape (its dtype may differ: values are converted) and may live on any device.
   void copy_to(const Tensor& dst) const;
 
-  // Autograd (autograd/tape.hpp, autograd/backward.hpp). attach_grad gives
+  // Autograd (ops/tape.hpp, autograd/backward.hpp). attach_grad gives
   // this tensor a gradient buffer (grad_req "write", "add" or "null"), which
   // backward() of a result recorded from it fills. Copies of a Tensor share
   // its gradient, as they share its data.

@@ -29,9 +29,9 @@
 // its kernels and copies on the GPU's stream and counts as done. The fence
 // that ends its work is kept on the vars it used; an op on another device
 // waits for it first (a GPU on its stream, a CPU op on the host), and so do
-// wait_to_read and waitall (backend/cuda/gpu.hpp, run_op and Fence). An
-// error the device reports is thrown by each wait for that fence: a CPU op
-// that waited fails with it, a wait or waitall rethrows it.
+// wait_to_read and waitall (engine/gpu_work.hpp, which backend/cuda/gpu.hpp
+// implements). An error the device reports is thrown by each wait for that
+// fence: a CPU op that waited fails with it, a wait or waitall rethrows it.
 //
 // HYBRA_ENGINE_TYPE=NaiveEngine runs every op on the pushing thread before
 // push returns (for debugging; the results and errors are the same).
@@ -52,10 +52,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "../backend/cuda/gpu.hpp"
 #include "../core/device.hpp"
 #include "../core/error.hpp"
 #include "device_queue.hpp"
+#include "gpu_work.hpp"
 #include "op.hpp"
 #include "helping.hpp"
 #include "sync.hpp"
@@ -104,7 +104,8 @@ class Engine {
   // Runs the pending work, stops the workers and reports on stderr any
   // failure that nothing observed (a destructor cannot throw it).
   ~Engine() {
-    if (drains_gpus_at_exit_) backend::cuda::exit_drain().store(nullptr);
+    if (drains_gpus_at_exit_)
+      if (GpuWork* gpus = gpu_work()) gpus->drain_at_exit(nullptr);
     drain_and_stop();
     std::lock_guard g(failures_mutex_);
     for (auto& f : unobserved_) {
@@ -175,9 +176,11 @@ class Engine {
   // exit_drain): the process's engine does, as its destructor may run after
   // theirs.
   void finish_gpu_work_at_exit() {
+    GpuWork* gpus = gpu_work();
+    if (!gpus) return;
     drains_gpus_at_exit_ = true;
     static Engine* engine = this;
-    backend::cuda::exit_drain().store([] {
+    gpus->drain_at_exit([] {
       if (detail::context.op) return;  // exit called inside an op: waiting would wait for that op itself
       engine->wait_idle();
       (void)engine->wait_for_gpus();  // a device error at exit: reported by ~Engine if no wait saw it
@@ -214,7 +217,9 @@ class Engine {
         fail<DeviceError>("engine: op '", name, "' pushed to ", device, "; the engine runs cuda(0) to cuda(",
                           max_gpu_devices - 1, ")");
       try {
-        backend::cuda::gpu(device.id);
+        GpuWork* gpus = gpu_work();
+        if (!gpus) fail<DeviceError>("this program has no GPU backend (backend/cuda/gpu.hpp)");
+        gpus->require(device.id);
       } catch (const DeviceError& e) {
         fail<DeviceError>("engine: op '", name, "' pushed to ", device, ": ", e.what());
       }
@@ -310,10 +315,10 @@ class Engine {
     if (!failure) {
       detail::ContextScope scope(this, op, op_threads(op));
       try {
-        const std::vector<backend::cuda::FencePtr> after = gpu_work_before(op);
+        const std::vector<FencePtr> after = gpu_work_before(op);
         if (op->device.kind == DeviceKind::cuda) {
           const int gpu = op->device.id;
-          backend::cuda::FencePtr fence = backend::cuda::run_op(gpu, op->name, after, op->fn);
+          FencePtr fence = gpu_work()->run(gpu, op->name, after, op->fn);
           for (auto& d : op->deps()) d.var->add_fence({gpu, fence}, d.write);
           std::lock_guard g(fences_mutex_);
           last_fences_[static_cast<std::size_t>(gpu)] = std::move(fence);
@@ -334,8 +339,8 @@ class Engine {
 
   // The fences of GPU work on op's vars that op must wait for: none for most
   // CPU ops (no GPU has touched their vars).
-  static std::vector<backend::cuda::FencePtr> gpu_work_before(detail::OpRecord* op) {
-    std::vector<backend::cuda::FencePtr> after;
+  static std::vector<FencePtr> gpu_work_before(detail::OpRecord* op) {
+    std::vector<FencePtr> after;
     for (const auto& d : op->deps())
       if (d.var->fenced.load(std::memory_order_acquire))
         for (auto& f : d.var->gpu_fences()) after.push_back(std::move(f.fence));
@@ -345,7 +350,7 @@ class Engine {
   // Blocks until the work queued on every GPU so far is done; returns the
   // error of the first that failed on the device, if one did.
   std::exception_ptr wait_for_gpus() {
-    std::array<backend::cuda::FencePtr, max_gpu_devices> last;
+    std::array<FencePtr, max_gpu_devices> last;
     {
       std::lock_guard g(fences_mutex_);
       last.swap(last_fences_);
@@ -563,7 +568,7 @@ class Engine {
   std::atomic<std::uint64_t> used_cpu_devices_{0};  // bit i: cpu(i) has had an op
   detail::RecordPool pool_;
   std::mutex fences_mutex_;
-  std::array<backend::cuda::FencePtr, max_gpu_devices> last_fences_{};  // of the latest op on each GPU
+  std::array<FencePtr, max_gpu_devices> last_fences_{};  // of the latest op on each GPU
   std::mutex failures_mutex_;
   std::vector<detail::FailurePtr> unobserved_;
   bool drains_gpus_at_exit_ = false;

@@ -7,7 +7,7 @@
 //
 // A GPU op counts as done once its work is queued on its GPU's stream; the
 // var keeps, for each GPU, the fence that ends the latest such work that
-// used it (backend/cuda/gpu.hpp), for whatever runs elsewhere to wait for.
+// used it (engine/gpu_work.hpp), for whatever runs elsewhere to wait for.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -20,12 +20,9 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "gpu_work.hpp"
 #include "helping.hpp"
 #include "sync.hpp"
-
-namespace hybra::backend::cuda {
-class Fence;
-}
 
 namespace hybra::engine {
 
@@ -50,7 +47,7 @@ struct VarState;
 // The fence that ends the latest work on GPU `gpu` that used a var.
 struct GpuFence {
   int gpu = 0;
-  std::shared_ptr<const backend::cuda::Fence> fence;
+  FencePtr fence;
 };
 using GpuFences = std::vector<GpuFence>;
 

@@ -10,7 +10,7 @@
 #include <optional>
 #include <ostream>
 
-#include "../autograd/tape.hpp"
+#include "../ops/tape.hpp"
 #include "../backend/cpu/threads.hpp"
 #include "../core/format.hpp"
 #include "../engine/push.hpp"
@@ -195,18 +195,18 @@ template <class E>
 Tensor evaluate_unfused(const E& e);
 template <class E>
 Tensor evaluate_recorded(const E& e);
-// One elementwise op of the table chosen at run time (jit/elementwise_op.hpp).
+// One elementwise op of the table chosen at run time (expr/elementwise_op.hpp).
 inline Tensor run_elementwise(int index, op::DTypeRule rule, std::string_view name, std::span<const Tensor> in);
-// On a GPU an expression is one kernel NVRTC compiles from its type (jit/cuda_eager.hpp).
+// On a GPU an expression is one kernel NVRTC compiles from its type (expr/cuda_eager.hpp).
 template <class E>
 void push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& out);
 
 inline void copy_into(const Tensor& src, const Tensor& dst);
 
-// Queues converting src into dst, both contiguous on one GPU (defined by jit/cuda_eager.hpp).
+// Queues converting src into dst, both contiguous on one GPU (defined by expr/cuda_eager.hpp).
 inline void push_convert_cuda(const Tensor& src, const Tensor& dst);
 
-// Queues copying src into dst, both on one GPU in one dtype, any layouts (defined by jit/cuda_layout.hpp).
+// Queues copying src into dst, both on one GPU in one dtype, any layouts (defined by backend/cuda/layout.hpp).
 inline void push_copy_cuda(const Tensor& src, const Tensor& dst);
 
 // Queues a copy to, from or between GPUs: bytes moved on the GPU's stream
@@ -510,7 +510,7 @@ inline Tensor Tensor::astype(DType d) const {
   autograd::op_record rec("astype", {require("astype")});
   Tensor out(shape_, d, device());
   detail::copy_into(*this, out);
-  return rec.output(out, [d] { return graph::Attrs{{"dtype", std::string(hybra::name(d))}}; });
+  return rec.output(out, [d] { return op::Attrs{{"dtype", std::string(hybra::name(d))}}; });
 }
 
 template <class T>

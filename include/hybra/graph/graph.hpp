@@ -22,7 +22,7 @@ struct Graph;
 struct Node {
   std::string op;  // "var", "const", "scalar", "fused", or an op of the registry
   std::string name;
-  Attrs attrs;
+  op::Attrs attrs;
   std::vector<int> inputs;
   Meta meta;
   Tensor value;  // const and scalar nodes

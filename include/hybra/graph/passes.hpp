@@ -59,7 +59,7 @@ inline bool is_pure(const Node& n) { return is_leaf(n) || n.op == "fused" || fin
 // The random counter blocks one evaluation of n draws: a training dropout
 // draws one uniform per element (ops/nn.hpp), every other node none.
 inline std::uint64_t draw_blocks(const Node& n, bool training) {
-  if (is_pure(n) || !training || parse_double(find_attr(n.attrs, "rate", n.op), n.op) == 0) return 0;
+  if (is_pure(n) || !training || op::parse_double(op::find_attr(n.attrs, "rate", n.op), n.op) == 0) return 0;
   return Generator::blocks_for(checked_numel(*n.meta.shape));
 }
 
@@ -205,7 +205,8 @@ inline Graph convert_operands(const Graph& g) {
     return static_cast<int>(out.nodes.size()) - 1;
   };
   auto scalar = [&](const Tensor& value) {
-    const std::string text = is_floating(value.dtype()) ? attr_text(value.item<double>()) : attr_text(value.item<std::int64_t>());
+    const std::string text =
+        is_floating(value.dtype()) ? op::attr_text(value.item<double>()) : op::attr_text(value.item<std::int64_t>());
     return add(Node{"scalar", {}, {{"value", text}}, {}, Meta{Shape{}, value.dtype(), true}, value, nullptr});
   };
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "../core/separate_compilation.hpp"
-#include "../jit/elementwise_op.hpp"
+#include "../expr/elementwise_op.hpp"
 #include "../ops/table.hpp"
-#include "attrs.hpp"
+#include "../ops/attrs.hpp"
 
 namespace hybra::graph {
 
@@ -29,19 +29,19 @@ struct OpDef {
 
   // The eager op on tensors. Elementwise ops receive every operand as a
   // tensor: scalar operands arrive as 0-d tensors of the node's common dtype.
-  Tensor (*eval)(std::span<const Tensor> in, const Attrs& attrs) = nullptr;
+  Tensor (*eval)(std::span<const Tensor> in, const op::Attrs& attrs) = nullptr;
   bool gradient_only = false;
   bool pure = true;
   bool product = false;
   std::int64_t (*multiply_adds)(std::span<const Tensor> in, const Tensor& out) = nullptr;
-  std::optional<jit::CudaLaunch> (*cuda_launch)(std::span<const Tensor> in, const Tensor& out, const Attrs& attrs,
-                                                backend::cuda::Gpu& gpu) = nullptr;
+  std::optional<backend::cuda::CudaLaunch> (*cuda_launch)(std::span<const Tensor> in, const Tensor& out,
+                                                          const op::Attrs& attrs, backend::cuda::Gpu& gpu) = nullptr;
 };
 
 namespace detail {
 
 template <class Op>
-Tensor eval_elementwise(std::span<const Tensor> in, const Attrs&) {
+Tensor eval_elementwise(std::span<const Tensor> in, const op::Attrs&) {
   return hybra::detail::run_elementwise(op::elementwise_index<Op>(), Op::rule, Op::name, in);
 }
 
@@ -115,7 +115,7 @@ inline std::optional<DType> common_dtype(const OpDef& def, std::span<const Meta>
 // The shape and dtype of an op's result. Elementwise: broadcasting and the
 // op's dtype rule. Any other op: its eager function run on meta tensors,
 // which throws the op's own error for operands it rejects.
-inline Meta infer(const OpDef& def, std::span<const Meta> in, const Attrs& attrs) {
+inline Meta infer(const OpDef& def, std::span<const Meta> in, const op::Attrs& attrs) {
   if (def.arity >= 0 && static_cast<int>(in.size()) != def.arity)
     fail<ValueError>(def.name, ": takes ", def.arity, " operands, not ", in.size());
   if (def.arity < 0 && in.empty()) fail<ValueError>(def.name, ": needs at least one operand");

@@ -27,7 +27,7 @@ namespace graph {
 struct SymNode {
   std::string op;    // "var", "const", "scalar", or an op of the registry
   std::string name;  // a var's name
-  Attrs attrs;
+  op::Attrs attrs;
   std::vector<std::shared_ptr<const SymNode>> inputs;
   Meta meta;
   Tensor value;  // const: its value; scalar: a 0-d tensor of the C++ scalar's dtype
@@ -126,7 +126,7 @@ inline std::ostream& operator<<(std::ostream& os, const Symbol& s) {
 
 namespace graph {
 
-inline Symbol make_symbol(std::string op, Attrs attrs, std::vector<Symbol> inputs) {
+inline Symbol make_symbol(std::string op, op::Attrs attrs, std::vector<Symbol> inputs) {
   auto n = std::make_shared<SymNode>();
   const OpDef& def = find_op(op);
   std::vector<Meta> metas;
@@ -147,15 +147,15 @@ Symbol scalar_symbol(S v) {
   n->op = "scalar";
   n->meta = Meta{Shape{}, dtype_of_v<T>, true};
   n->value = array<T>(std::vector<T>{static_cast<T>(v)}, Shape{});
-  n->attrs = {{"value", std::is_floating_point_v<T> ? attr_text(static_cast<double>(v))
-                                                    : attr_text(static_cast<std::int64_t>(v))}};
+  n->attrs = {{"value", std::is_floating_point_v<T> ? op::attr_text(static_cast<double>(v))
+                                                    : op::attr_text(static_cast<std::int64_t>(v))}};
   return Symbol(std::move(n));
 }
 
 }  // namespace graph
 
 template <class S>
-S op::make_node(std::string name, graph::Attrs attrs, std::vector<S> inputs) {
+S op::make_node(std::string name, op::Attrs attrs, std::vector<S> inputs) {
   return graph::make_symbol(std::move(name), std::move(attrs), std::move(inputs));
 }
 
@@ -253,7 +253,7 @@ Symbol min(X&& x, const Axes& axes = {}, bool keepdims = false) {
 }
 template <symbol_like X>
 Symbol argmax(X&& x, std::optional<std::int64_t> axis = std::nullopt, bool keepdims = false) {
-  return graph::make_symbol("argmax", {{"axis", graph::attr_text(axis)}, {"keepdims", graph::attr_text(keepdims)}},
+  return graph::make_symbol("argmax", {{"axis", op::attr_text(axis)}, {"keepdims", op::attr_text(keepdims)}},
                             {to_symbol(x)});
 }
 template <symbol_like X>
@@ -302,7 +302,7 @@ Symbol fully_connected(X&& x, const Symbol& weight, const Symbol& bias = {}) {
 }
 template <symbol_like X>
 Symbol dropout(X&& x, double rate) {
-  return graph::make_symbol("dropout", {{"rate", graph::attr_text(rate)}}, {to_symbol(x)});
+  return graph::make_symbol("dropout", {{"rate", op::attr_text(rate)}}, {to_symbol(x)});
 }
 
 namespace graph::detail {
@@ -318,7 +318,7 @@ inline Symbol pool2d(std::string type, bool global, const Symbol& x, Size2d kern
 template <symbol_like X>
 Symbol conv2d(X&& x, const Symbol& weight, const Symbol& bias = {}, Size2d stride = 1, Size2d padding = 0,
               Size2d dilation = 1, std::int64_t groups = 1) {
-  graph::Attrs attrs =
+  op::Attrs attrs =
       conv2d_attrs(weight.require("conv2d").shape(), stride, padding, dilation, groups, bias.defined());
   std::vector<Symbol> in{to_symbol(x), weight};
   if (bias.defined()) in.push_back(bias);

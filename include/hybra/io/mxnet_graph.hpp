@@ -28,7 +28,7 @@ namespace hybra::io {
 
 namespace detail::mx {
 
-using graph::Attrs;
+using op::Attrs;
 using graph::Node;
 
 // MXNet's spellings of attr values: booleans are "True"/"False".
@@ -76,23 +76,23 @@ struct Reading {
     }
   }
   bool flag(std::string_view key, bool fallback) const {
-    return parsed(key, [&](std::string_view t) { return graph::parse_bool(t, key); }).value_or(fallback);
+    return parsed(key, [&](std::string_view t) { return op::parse_bool(t, key); }).value_or(fallback);
   }
   std::int64_t integer(std::string_view key, std::int64_t fallback) const {
-    return parsed(key, [&](std::string_view t) { return graph::parse_int(t, key); }).value_or(fallback);
+    return parsed(key, [&](std::string_view t) { return op::parse_int(t, key); }).value_or(fallback);
   }
   double real(std::string_view key, double fallback) const {
-    return parsed(key, [&](std::string_view t) { return graph::parse_double(t, key); }).value_or(fallback);
+    return parsed(key, [&](std::string_view t) { return op::parse_double(t, key); }).value_or(fallback);
   }
   std::optional<std::vector<std::int64_t>> tuple(std::string_view key) const {
-    return parsed(key, [&](std::string_view t) { return graph::parse_tuple(t, key); });
+    return parsed(key, [&](std::string_view t) { return op::parse_tuple(t, key); });
   }
   // A 2-d window attr (kernel, stride, ...): given, or `fallback` on both axes.
   std::string window(std::string_view key, std::int64_t fallback) const {
     auto v = tuple(key);
-    if (!v || v->empty()) return graph::attr_text(std::vector<std::int64_t>{fallback, fallback});
+    if (!v || v->empty()) return op::attr_text(std::vector<std::int64_t>{fallback, fallback});
     if (v->size() != 2) reject(std::string(key) + " must have 2 values (hybra reads 2-d windows only)");
-    return graph::attr_text(*v);
+    return op::attr_text(*v);
   }
   void layout_nchw() const {
     if (auto l = attr("layout"); l && *l != "NCHW") reject("layout '" + *l + "' is not supported (NCHW)");
@@ -133,7 +133,7 @@ struct Writing {
   [[noreturn]] void reject(std::string_view why) const {
     fail<ValueError>("export_model: op '", node.op, "' ", why, " (MXNet's graph format cannot express it)");
   }
-  std::string attr(std::string_view key) const { return graph::find_attr(node.attrs, key, node.op); }
+  std::string attr(std::string_view key) const { return op::find_attr(node.attrs, key, node.op); }
   // The node as MXNet's `op` with `attrs`, reading all of the node's inputs.
   Written keep_all(std::string op, Attrs attrs = {}) const {
     Written out{std::move(op), std::move(attrs), {}};
@@ -161,7 +161,7 @@ inline bool is_scalar(const Node& n) { return n.op == "scalar"; }
 
 // The scalar attrs MXNet 1.9 writes: the value, and whether it was an int.
 inline Attrs scalar_attrs(const Node& s) {
-  const std::string& v = graph::find_attr(s.attrs, "value", "scalar");
+  const std::string& v = op::find_attr(s.attrs, "value", "scalar");
   return {{"scalar", v}, {"is_int", mx_bool(!is_floating(*s.meta.dtype))}};
 }
 

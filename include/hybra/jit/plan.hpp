@@ -40,10 +40,10 @@
 #include "../backend/cpu/fused_loop.hpp"
 #include "../backend/cuda/cublaslt.hpp"
 #include "../backend/cuda/graph.hpp"
-#include "cuda_launch.hpp"
-#include "cuda_layout.hpp"
-#include "cuda_random.hpp"
-#include "cuda_source.hpp"
+#include "../backend/cuda/launch.hpp"
+#include "../backend/cuda/layout.hpp"
+#include "../backend/cuda/random.hpp"
+#include "../expr/cuda_elementwise.hpp"
 
 namespace hybra::jit {
 
@@ -134,7 +134,7 @@ class Plan {
     std::string kernel_name{};
     backend::cuda::CUfunction kernel = nullptr;
     const backend::cuda::DenseMatmul* matmul = nullptr;
-    std::optional<CudaLaunch> launch{};  // a launch step's: the op's launches
+    std::optional<backend::cuda::CudaLaunch> launch{};  // a launch step's: the op's launches
     // A launch step that draws: the first of the call's counter blocks it
     // takes, and its slot in State::draws.
     std::uint64_t draw_offset = 0;
@@ -164,8 +164,8 @@ class Plan {
     Tensor scratch;  // the end of the workspace: launch steps' scratch memory (they run one at a time)
     std::size_t peak_bytes = 0, unplanned_bytes = 0;
     std::uint64_t draw_blocks = 0;  // the random counter blocks one call draws
-    // On a GPU: per drawing launch step, the DrawParams it draws from,
-    // written before each call (CudaLaunch::draw_blocks).
+    // On a GPU: per drawing launch step, the backend::cuda::DrawParams it draws from,
+    // written before each call (backend::cuda::CudaLaunch::draw_blocks).
     Tensor draws;
     std::size_t draw_slots = 0;
     engine::OpLength length = engine::OpLength::unknown;
@@ -284,7 +284,8 @@ inline hybra::detail::nn::Conv2dGeometry conv2d_geometry(const graph::Node& n, s
 // them for these operands: views where the launches read views, else made
 // for contiguous operands, the views gathered first. (An operand's layout
 // is the same at every call.)
-inline std::optional<CudaLaunch> cuda_launch(const graph::Node& n, std::span<const Tensor> in, Device device) {
+inline std::optional<backend::cuda::CudaLaunch> cuda_launch(const graph::Node& n, std::span<const Tensor> in,
+                                                            Device device) {
   const auto& def = graph::find_op(n.op);
   if (!def.cuda_launch) return std::nullopt;
   backend::cuda::Gpu& gpu = backend::cuda::gpu(device.id);
@@ -297,7 +298,7 @@ inline std::optional<CudaLaunch> cuda_launch(const graph::Node& n, std::span<con
   for (const Tensor& t : in) dense.push_back(t.is_contiguous() ? t : Tensor(t.shape(), t.dtype(), meta()));
   launch = def.cuda_launch(dense, out, n.attrs, gpu);
   if (!launch || launch->draw_blocks) return std::nullopt;
-  return gather_views_first(std::move(*launch), in, def.name, gpu);
+  return backend::cuda::gather_views_first(std::move(*launch), in, def.name, gpu);
 }
 
 // An elementwise body (every node fusable, one output) as a fused-loop
@@ -385,7 +386,7 @@ inline void Plan::build() {
     std::vector<Tensor> in;
     for (int k : n.inputs) in.push_back(layout[static_cast<std::size_t>(k)]);
     Kind kind;
-    std::optional<CudaLaunch> launch;
+    std::optional<backend::cuda::CudaLaunch> launch;
     if (n.op == "var") {
       kind = Kind::input;
     } else if (n.op == "const" || n.op == "scalar") {
@@ -504,7 +505,7 @@ inline void Plan::build() {
     if (step.launch) scratch_bytes = std::max(scratch_bytes, static_cast<std::size_t>(step.launch->scratch_bytes));
   const std::size_t scratch_offset = end;
   end += (scratch_bytes + align - 1) / align * align;
-  const std::size_t draws_offset = end, draws_bytes = s.draw_slots * sizeof(DrawParams);
+  const std::size_t draws_offset = end, draws_bytes = s.draw_slots * sizeof(backend::cuda::DrawParams);
   end += (draws_bytes + align - 1) / align * align;
   s.peak_bytes = end;
   s.length = detail::is_brief(g, layout) ? engine::OpLength::brief : engine::OpLength::unknown;
@@ -536,7 +537,7 @@ inline void Plan::build_gpu(const std::vector<Tensor>& layout) {
   backend::cuda::Gpu& gpu = backend::cuda::gpu(s.device.id);
   // Every loop of the plan (fused steps, and epilogues no GEMM takes) is a
   // kernel of one program: one NVRTC compile, one module.
-  std::vector<CudaKernel> kernels;
+  std::vector<backend::cuda::CudaKernel> kernels;
   auto add_kernel = [&](Step& step, const Tensor& own) {
     const Shape& shape = layout[static_cast<std::size_t>(step.node)].shape();
     std::vector<Strides> strides(step.loop_inputs.size());  // empty: read at the element's index
@@ -545,11 +546,12 @@ inline void Plan::build_gpu(const std::vector<Tensor>& layout) {
       const Tensor& in = k < 0 ? own : layout[static_cast<std::size_t>(k)];
       if (in.shape() != shape || !in.is_contiguous()) strides[j] = hybra::detail::broadcast_strides(in, shape);
     }
-    CudaKernel kernel = cuda_elementwise_kernel(step.loop->program(), shape, strides);
+    backend::cuda::CudaKernel kernel = expr::cuda_elementwise_kernel(step.loop->program(), shape, strides);
     step.kernel_name = kernel.name;
     // Kernels are named by their code: steps that compute alike (the ReLU
     // after each of two equal convolutions) share one.
-    if (std::none_of(kernels.begin(), kernels.end(), [&](const CudaKernel& k) { return k.name == kernel.name; }))
+    if (std::none_of(kernels.begin(), kernels.end(),
+                     [&](const backend::cuda::CudaKernel& k) { return k.name == kernel.name; }))
       kernels.push_back(std::move(kernel));
   };
   s.replayable = detail::cuda_plan_graphs();
@@ -569,7 +571,7 @@ inline void Plan::build_gpu(const std::vector<Tensor>& layout) {
     if (step.kind == Kind::eager && !step.view) s.replayable = false;
   }
   if (kernels.empty()) return;
-  const std::string ptx = cuda_ptx(cuda_program(kernels), "plan.cu", gpu.arch());
+  const std::string ptx = backend::cuda::cuda_ptx(backend::cuda::cuda_program(kernels), "plan.cu", gpu.arch());
   for (auto& step : s.steps)
     if (!step.kernel_name.empty()) step.kernel = gpu.function(ptx, step.kernel_name);
 }
@@ -653,9 +655,10 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
         boost::container::small_vector<const void*, 4> in;
         for (std::size_t k = 0; k < graph::own_inputs(n); ++k)
           in.push_back(values[static_cast<std::size_t>(n.inputs[k])]->raw_data());
-        void* own_scratch = step.draw_slot >= 0 ? static_cast<char*>(draws.raw_data()) + step.draw_slot * sizeof(DrawParams)
-                            : scratch.defined()  ? scratch.raw_data()
-                                                 : nullptr;
+        void* own_scratch = step.draw_slot >= 0 ? static_cast<char*>(draws.raw_data()) +
+                                                      step.draw_slot * sizeof(backend::cuda::DrawParams)
+                            : scratch.defined() ? scratch.raw_data()
+                                                : nullptr;
         step.launch->run(backend::cuda::gpu(device.id), std::span<const void* const>(in.data(), in.size()),
                          dst.raw_data(), own_scratch);
         if (step.loop) run_loop(step, dst, dst);
@@ -711,12 +714,13 @@ inline void Plan::State::write_outputs(const Outputs& outputs) const {
 // of the steps (or the graph replaying them) on the stream.
 inline void Plan::State::write_draws(Generator& gen) const {
   const std::uint64_t first = gen.advance(0);
-  boost::container::small_vector<DrawParams, 4> params(draw_slots);  // no allocation per call for a few dropouts
+  boost::container::small_vector<backend::cuda::DrawParams, 4> params(
+      draw_slots);  // no allocation per call for a few dropouts
   for (const auto& step : steps)
     if (step.draw_slot >= 0)
       params[static_cast<std::size_t>(step.draw_slot)] = {first + step.draw_offset, gen.key()[0], gen.key()[1], 0, 0};
   backend::cuda::gpu(device.id).copy_from_host(reinterpret_cast<backend::cuda::CUdeviceptr>(draws.raw_data()),
-                                               params.data(), params.size() * sizeof(DrawParams));
+                                               params.data(), params.size() * sizeof(backend::cuda::DrawParams));
 }
 
 inline void Plan::State::replay_on_gpu(const std::vector<Tensor>& inputs, const Outputs& outputs) const {

@@ -7,7 +7,9 @@
 #include <string>
 #include <utility>
 
+#include "../ops/batch_norm.hpp"
 #include "../ops/conv.hpp"
+#include "../ops/pool.hpp"
 #include "block.hpp"
 
 namespace hybra::nn {

@@ -58,7 +58,7 @@ class SymbolBlock : public HybridBase {
       if (auto it = params.find(n.name); it != params.end()) return sym::var(n.name, it->second.shape(), it->second.dtype());
       for (const auto& [k, v] : n.attrs) {
         if (k != "__shape__" || !param_file.empty()) continue;
-        auto dims = graph::parse_tuple(v, "__shape__");
+        auto dims = op::parse_tuple(v, "__shape__");
         bool known = !dims.empty();
         for (auto d : dims) known = known && d > 0;
         if (known) return sym::var(n.name, Shape(dims.begin(), dims.end()));

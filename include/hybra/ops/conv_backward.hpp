@@ -1,7 +1,7 @@
 #pragma once
-// The gradients of conv2d and pooling (autograd/gradients.hpp calls them):
-// ops of their own, since neither is a composition of other ops. Each is one
-// engine op on contiguous float32/float64 NCHW tensors.
+// The gradients of conv2d (autograd/gradients.hpp calls them): ops of their
+// own, since neither is a composition of other ops. Each is one engine op on
+// contiguous float32/float64 NCHW tensors.
 //
 // Data gradient. With stride 1 it is itself a convolution: of dy, padded by
 // dilation (k - 1) - padding, with the filters flipped in space and their
@@ -13,7 +13,7 @@
 //
 // Weight gradient. dW (F x K) = sum over images of dy_n (F x P) cols_n^T
 // (P x K), K = channels per group x kernel area: a product whose sums run
-// along pixels, so its kernel (DotProduct below) keeps a vector of partial
+// along pixels, so its kernel (backend/cpu/dot_product.hpp) keeps a vector of partial
 // sums per output element along the pixels and adds its lanes at the end.
 // With stride 1, B's rows are the zero-padded input rows read from an offset
 // per tap, over "wide" pixels as in conv2d_wide, with dy spread to the wide
@@ -31,12 +31,6 @@
 //
 // Their times per layer, beside the forward's, are in docs/benchmarks.md
 // (bench_train).
-//
-// Pooling. Max pooling recomputes each window's first maximum (a NaN wins,
-// its first one, as the forward's max) and adds dy there; 2x2 windows with
-// stride 2 and no padding that stay inside the input (LeNet's) go eight windows at a time, writing
-// every element of dx once. Average pooling spreads dy / divisor along each
-// window's columns into a row, then adds that row to the window's rows.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -48,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "../backend/cpu/dot_product.hpp"
 #include "conv.hpp"
 
 namespace hybra {
@@ -58,134 +53,6 @@ inline std::int64_t round_up16(std::int64_t n) { return (n + 15) / 16 * 16; }
 
 // A working set of about this many bytes per piece of work stays in L2.
 inline constexpr std::int64_t backward_chunk_bytes = std::int64_t{1} << 20;
-
-// ---- The pixel-sum product: C (M x N) += A B^T, A and B read along pixels ----
-//
-// A's row i is a + i lda, B's row j is b + b_rows[j], both `len` elements
-// long (a multiple of 16), in each of `segments` segments: segment s adds
-// s a_seg to A's rows and s b_seg to B's. A tile keeps Rows x Cols vectors
-// of partial sums, one per element of C, runs down every segment, then adds
-// each vector's lanes pairwise. An element's sum therefore depends neither
-// on its tile nor on the thread; tiles past M or N recompute the last row
-// or column and store nothing for it.
-template <class T>
-struct DotProduct {
-  const T* a;
-  std::int64_t lda;
-  const T* b;
-  const std::int64_t* b_rows;
-  T* c;
-  std::int64_t ldc;
-  std::int64_t M, N, len, segments, a_seg, b_seg;
-};
-
-// v's lanes added pairwise: lane l += lane l + w, for w = Lanes / 2, ..., 1.
-// (Vectors go by reference: passing them by value to a function compiled for
-// another instruction set would change its ABI.)
-template <int W, class V, std::size_t... I>
-inline void add_lanes_from(V& v, std::index_sequence<I...>) {
-  v += __builtin_shufflevector(v, v, ((I + W) % sizeof...(I))...);
-}
-template <class T, int Lanes, class V>
-inline T lane_sum(const V& acc) {
-  static_assert(Lanes <= 16);
-  V v = acc;
-  if constexpr (Lanes >= 16) add_lanes_from<8>(v, std::make_index_sequence<Lanes>{});
-  if constexpr (Lanes >= 8) add_lanes_from<4>(v, std::make_index_sequence<Lanes>{});
-  if constexpr (Lanes >= 4) add_lanes_from<2>(v, std::make_index_sequence<Lanes>{});
-  if constexpr (Lanes >= 2) add_lanes_from<1>(v, std::make_index_sequence<Lanes>{});
-  return v[0];
-}
-
-template <class T, int Lanes, int Rows, int Cols>
-inline void dot_tile(const DotProduct<T>& p, std::int64_t i, std::int64_t j) {
-  typedef T V __attribute__((vector_size(Lanes * sizeof(T))));
-  V acc[Rows][Cols];
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r)
-#pragma GCC unroll 8
-    for (int c = 0; c < Cols; ++c) acc[r][c] = V{};
-  std::int64_t a_off[Rows], b_off[Cols];
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) a_off[r] = std::min(i + r, p.M - 1) * p.lda;
-#pragma GCC unroll 8
-  for (int c = 0; c < Cols; ++c) b_off[c] = p.b_rows[std::min(j + c, p.N - 1)];
-  for (std::int64_t s = 0; s < p.segments; ++s) {
-    const T* ar[Rows];
-    const T* br[Cols];
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) ar[r] = p.a + s * p.a_seg + a_off[r];
-#pragma GCC unroll 8
-    for (int c = 0; c < Cols; ++c) br[c] = p.b + s * p.b_seg + b_off[c];
-    for (std::int64_t q = 0; q < p.len; q += Lanes) {
-      V bv[Cols];
-#pragma GCC unroll 8
-      for (int c = 0; c < Cols; ++c) std::memcpy(&bv[c], br[c] + q, sizeof(V));
-#pragma GCC unroll 8
-      for (int r = 0; r < Rows; ++r) {
-        V av;
-        std::memcpy(&av, ar[r] + q, sizeof(V));
-#pragma GCC unroll 8
-        for (int c = 0; c < Cols; ++c) acc[r][c] += av * bv[c];
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-    if (i + r >= p.M) break;
-    T* c = p.c + (i + r) * p.ldc + j;
-#pragma GCC unroll 8
-    for (int k = 0; k < Cols; ++k)
-      if (j + k < p.N) c[k] += lane_sum<T, Lanes>(acc[r][k]);
-  }
-}
-
-template <class T, int Lanes, int Rows, int Cols>
-inline void dot_tiles(const DotProduct<T>& p) {
-  for (std::int64_t i = 0; i < p.M; i += Rows)
-    for (std::int64_t j = 0; j < p.N; j += Cols) dot_tile<T, Lanes, Rows, Cols>(p, i, j);
-}
-
-inline std::int64_t padded_to(std::int64_t n, std::int64_t block) { return (n + block - 1) / block * block; }
-
-// 24 vectors of sums in 32 zmm registers, with 4 + 6 for A's and B's
-// vectors: 6 x 4 or 4 x 6 tiles, whichever recomputes less; 9 of 16
-// registers elsewhere.
-#ifdef HYBRA_ISA_VARIANTS
-template <class T>
-__attribute__((target("arch=x86-64-v4"), flatten)) void dot_avx512(const DotProduct<T>& p) {
-  if (padded_to(p.M, 6) * padded_to(p.N, 4) <= padded_to(p.M, 4) * padded_to(p.N, 6))
-    dot_tiles<T, 64 / sizeof(T), 6, 4>(p);
-  else
-    dot_tiles<T, 64 / sizeof(T), 4, 6>(p);
-}
-template <class T>
-__attribute__((target("arch=x86-64-v3"), flatten)) void dot_avx2(const DotProduct<T>& p) {
-  dot_tiles<T, 32 / sizeof(T), 3, 3>(p);
-}
-#endif
-template <class T>
-__attribute__((flatten)) void dot_generic(const DotProduct<T>& p) {
-  dot_tiles<T, 16 / sizeof(T), 3, 3>(p);
-}
-
-template <class T>
-using DotFn = void (*)(const DotProduct<T>&);
-
-template <class T>
-std::vector<DotFn<T>> dot_variants() {
-#ifdef HYBRA_ISA_VARIANTS
-  return runnable_variants<DotFn<T>>(&dot_avx512<T>, &dot_avx2<T>, &dot_generic<T>);
-#else
-  return runnable_variants<DotFn<T>>(nullptr, nullptr, &dot_generic<T>);
-#endif
-}
-
-template <class T>
-void dot_product(const DotProduct<T>& p) {
-  static const DotFn<T> fastest = dot_variants<T>().front();
-  fastest(p);
-}
 
 // ---- data gradient ----
 
@@ -207,15 +74,6 @@ void conv2d_backward_data_as_conv(const T* dy, const T* w, T* dx, const Conv2dGe
         for (std::int64_t k = 0; k < taps; ++k) dst[taps - 1 - k] = src[k];
       }
   conv2d<T>(dy, flipped.data(), nullptr, dx, t);
-}
-
-// Smallest ow >= 0 with ow * stride + offset >= 0, and the count of ow with
-// ow * stride + offset < extent.
-inline std::int64_t first_inside(std::int64_t offset, std::int64_t stride) {
-  return offset >= 0 ? 0 : (-offset + stride - 1) / stride;
-}
-inline std::int64_t end_inside(std::int64_t offset, std::int64_t stride, std::int64_t extent) {
-  return extent - 1 - offset < 0 ? 0 : (extent - 1 - offset) / stride + 1;
 }
 
 // dxg (Cg channels of one group of one image) += the columns of output
@@ -280,7 +138,8 @@ void conv2d_backward_data_col2im(const T* dy, const T* w, T* dx, const Conv2dGeo
         const std::int64_t cols = std::min(band, P - p0);
         for (std::int64_t f = 0; f < Fg; ++f)
           std::copy_n(dy + (n * g.F + grp * Fg + f) * P + p0, cols, d + f * ld);
-        product(Product<T>{wt.data() + grp * K * Fg, Fg, d, b_rows.data(), nullptr, col, ld, K, Fg, cols});
+        backend::cpu::product(
+            backend::cpu::Product<T>{wt.data() + grp * K * Fg, Fg, d, b_rows.data(), nullptr, col, ld, K, Fg, cols});
         col2im_add(col, ld, p0, cols, dxg, g, Cg);
       }
     }
@@ -470,8 +329,8 @@ void conv2d_backward_weight(const T* dy, const T* x, T* dw, const Conv2dGeometry
           }
           T* c = sum + (grp * Fg + f0) * K;
           if (finite) {
-            dot_product(DotProduct<T>{a, plan.len, b, b_rows.data(), c, K, rows, K, plan.len, pieces,
-                                      rows * plan.len, plan.b_seg});
+            backend::cpu::dot_product(backend::cpu::DotProduct<T>{a, plan.len, b, b_rows.data(), c, K, rows, K,
+                                                                  plan.len, pieces, rows * plan.len, plan.b_seg});
           } else {
             for (std::int64_t s = 0; s < pieces; ++s) {
               const std::int64_t n = (piece0 + s) / plan.per_image, start = (piece0 + s) % plan.per_image * plan.count;
@@ -492,321 +351,6 @@ void conv2d_backward_weight(const T* dy, const T* x, T* dw, const Conv2dGeometry
       }
     });
   }
-}
-
-// ---- pooling ----
-
-// 2x2 windows, stride 2, no padding (LeNet's): each input element is in at
-// most one window, so dx is written once, Lanes windows (two rows of 2 Lanes
-// elements) at a time, the last block of a row overlapping the one before;
-// a row or column left over by an odd size is zero. Vectors of the CPU's
-// width, as GCC compares wider ones one element at a time.
-template <class V, std::size_t... I>
-inline void even_odd_lanes(V& even, V& odd, const V& lo, const V& hi, std::index_sequence<I...>) {
-  even = __builtin_shufflevector(lo, hi, (2 * I)...);
-  odd = __builtin_shufflevector(lo, hi, (2 * I + 1)...);
-}
-// a[From], b[From], a[From + 1], b[From + 1], ...
-template <std::size_t From, class V, std::size_t... I>
-inline void interleave(V& out, const V& a, const V& b, std::index_sequence<I...>) {
-  out = __builtin_shufflevector(a, b, (From + I / 2 + (I % 2) * sizeof...(I))...);
-}
-
-template <class T, bool Max, int Lanes>
-inline void pool2x2_block(const T* x0, const T* x1, const T* dyr, T* d0, T* d1, std::int64_t ow) {
-  typedef T V __attribute__((vector_size(Lanes * sizeof(T))));
-  constexpr auto lanes = std::make_index_sequence<Lanes>{};
-  V lo, hi, dv, a, b, c, d;
-  std::memcpy(&lo, x0 + 2 * ow, sizeof(V));
-  std::memcpy(&hi, x0 + 2 * ow + Lanes, sizeof(V));
-  even_odd_lanes(a, b, lo, hi, lanes);
-  std::memcpy(&lo, x1 + 2 * ow, sizeof(V));
-  std::memcpy(&hi, x1 + 2 * ow + Lanes, sizeof(V));
-  even_odd_lanes(c, d, lo, hi, lanes);
-  std::memcpy(&dv, dyr + ow, sizeof(V));
-  V oa, ob, oc, od;
-  if constexpr (Max) {
-    // The window's first maximum, or its first NaN.
-    const V zero{};
-    V best = a;
-    const auto take_b = (b > best) | ((b != b) & (best == best));
-    best = take_b ? b : best;
-    const auto take_c = (c > best) | ((c != c) & (best == best));
-    best = take_c ? c : best;
-    const auto take_d = (d > best) | ((d != d) & (best == best));
-    od = take_d ? dv : zero;
-    oc = (take_c & ~take_d) ? dv : zero;
-    ob = (take_b & ~take_c & ~take_d) ? dv : zero;
-    oa = (take_b | take_c | take_d) ? zero : dv;
-  } else {
-    oa = ob = oc = od = dv / T(4);
-  }
-  interleave<0>(lo, oa, ob, lanes);
-  interleave<Lanes / 2>(hi, oa, ob, lanes);
-  std::memcpy(d0 + 2 * ow, &lo, sizeof(V));
-  std::memcpy(d0 + 2 * ow + Lanes, &hi, sizeof(V));
-  interleave<0>(lo, oc, od, lanes);
-  interleave<Lanes / 2>(hi, oc, od, lanes);
-  std::memcpy(d1 + 2 * ow, &lo, sizeof(V));
-  std::memcpy(d1 + 2 * ow + Lanes, &hi, sizeof(V));
-}
-
-template <class T, bool Max>
-inline void pool2x2_window(const T* x0, const T* x1, const T* dyr, T* d0, T* d1, std::int64_t ow) {
-  const T v[4] = {x0[2 * ow], x0[2 * ow + 1], x1[2 * ow], x1[2 * ow + 1]};
-  T out[4] = {0, 0, 0, 0};
-  if constexpr (Max) {
-    int at = 0;
-    for (int i = 1; i < 4; ++i)
-      if (v[i] > v[at] || (v[i] != v[i] && v[at] == v[at])) at = i;
-    out[at] = dyr[ow];
-  } else {
-    out[0] = out[1] = out[2] = out[3] = dyr[ow] / T(4);
-  }
-  d0[2 * ow] = out[0];
-  d0[2 * ow + 1] = out[1];
-  d1[2 * ow] = out[2];
-  d1[2 * ow + 1] = out[3];
-}
-
-// One output row's windows: in blocks of Lanes, or of fewer lanes when the
-// row is shorter (LeNet's are 14 and 5 windows long).
-template <class T, bool Max, int Lanes>
-inline void pool2x2_row(const T* x0, const T* x1, const T* dyr, T* d0, T* d1, std::int64_t OW) {
-  if constexpr (Lanes >= 2) {
-    if (OW >= Lanes) {
-      std::int64_t ow = 0;
-      for (; ow + Lanes <= OW; ow += Lanes) pool2x2_block<T, Max, Lanes>(x0, x1, dyr, d0, d1, ow);
-      if (ow < OW) pool2x2_block<T, Max, Lanes>(x0, x1, dyr, d0, d1, OW - Lanes);
-      return;
-    }
-    pool2x2_row<T, Max, Lanes / 2>(x0, x1, dyr, d0, d1, OW);
-  } else {
-    for (std::int64_t ow = 0; ow < OW; ++ow) pool2x2_window<T, Max>(x0, x1, dyr, d0, d1, ow);
-  }
-}
-
-template <class T, bool Max, int Lanes>
-inline void pool2x2_planes(const T* x, const T* dy, T* dx, const Pool2dGeometry& g, std::int64_t first,
-                           std::int64_t last) {
-  for (std::int64_t plane = first; plane < last; ++plane) {
-    const T* xp = x + plane * g.H * g.W;
-    const T* dyp = dy + plane * g.OH * g.OW;
-    T* dxp = dx + plane * g.H * g.W;
-    if (g.H % 2) std::fill_n(dxp + (g.H - 1) * g.W, g.W, T(0));
-    for (std::int64_t oh = 0; oh < g.OH; ++oh) {
-      T* d0 = dxp + 2 * oh * g.W;
-      if (g.W % 2) d0[g.W - 1] = d0[2 * g.W - 1] = T(0);
-      pool2x2_row<T, Max, Lanes>(xp + 2 * oh * g.W, xp + (2 * oh + 1) * g.W, dyp + oh * g.OW, d0, d0 + g.W, g.OW);
-    }
-  }
-}
-
-// Any window: dx starts at zero and each window, in order, adds its dy to
-// its first maximum. The window at (oh, ow) reads rows [hs, he) (clipped to
-// the input) from column ow sw - pw.
-template <class T>
-inline void max_pool_window(const T* xp, T* dxp, const Pool2dGeometry& g, std::int64_t hs, std::int64_t he,
-                            std::int64_t ow, T dy) {
-  const std::int64_t w0 = ow * g.sw - g.pw;
-  const std::int64_t ws = std::max<std::int64_t>(w0, 0), we = std::min(w0 + g.KW, g.W);
-  std::int64_t at = hs * g.W + ws;
-  T best = xp[at];
-  for (std::int64_t h = hs; h < he; ++h)
-    for (std::int64_t w = ws; w < we; ++w) {
-      const T v = xp[h * g.W + w];
-      if (v > best || (v != v && best == best)) {
-        best = v;
-        at = h * g.W + w;
-      }
-    }
-  dxp[at] += dy;
-}
-
-// Lanes windows from column ow on, each wholly inside the row's columns:
-// their maxima found together (a tap at a time, each tap's Lanes elements
-// Stride apart: Stride 1 and 2 as vector loads, 0 for any stride, gathered),
-// then each adds its dy in order, lanes [from, Lanes) only.
-template <class T, int Lanes, int Stride>
-inline void max_pool_block(const T* xp, const T* dyr, T* dxp, const Pool2dGeometry& g, std::int64_t hs,
-                           std::int64_t he, std::int64_t ow, std::int64_t from) {
-  typedef T V __attribute__((vector_size(Lanes * sizeof(T))));
-  using Mask = decltype(V{} < V{});
-  const std::int64_t left = ow * g.sw - g.pw;
-  const T* first = xp + hs * g.W + left;
-  // A stride-2 load reads one element past the last it uses: inside the plane, or gathered.
-  const bool gather = Stride == 0 || (Stride == 2 && (he - 1) * g.W + left + g.KW - 1 + 2 * Lanes - 1 >= g.H * g.W);
-  V best{}, v{};
-  Mask at{};
-  for (std::int64_t kh = 0; kh < he - hs; ++kh)
-    for (std::int64_t kw = 0; kw < g.KW; ++kw) {
-      const T* p = first + kh * g.W + kw;
-      if (Stride == 1) {
-        std::memcpy(&v, p, sizeof(V));
-      } else if (!gather) {
-        V lo, hi, odd;
-        std::memcpy(&lo, p, sizeof(V));
-        std::memcpy(&hi, p + Lanes, sizeof(V));
-        even_odd_lanes(v, odd, lo, hi, std::make_index_sequence<Lanes>{});
-      } else {
-#pragma GCC unroll 16
-        for (int l = 0; l < Lanes; ++l) v[l] = p[l * g.sw];
-      }
-      if (kh == 0 && kw == 0) {
-        best = v;
-        continue;
-      }
-      const Mask take = (v > best) | ((v != v) & (best == best));
-      best = take ? v : best;
-      at = take ? Mask{} + static_cast<std::remove_reference_t<decltype(at[0])>>(kh * g.W + kw) : at;
-    }
-  for (std::int64_t l = from; l < Lanes; ++l) dxp[hs * g.W + left + l * g.sw + at[l]] += dyr[ow + l];
-}
-
-// The windows of one output row: those the left and right padding cut
-// alone, the others in blocks of Lanes (or of fewer, for short rows), the
-// last block overlapping the one before and adding only its new lanes.
-template <class T, int Lanes, int Stride>
-inline void max_pool_row(const T* xp, const T* dyr, T* dxp, const Pool2dGeometry& g, std::int64_t hs,
-                         std::int64_t he, std::int64_t lo, std::int64_t hi) {
-  if constexpr (Lanes >= 2) {
-    if (hi - lo >= Lanes) {
-      std::int64_t ow = lo;
-      for (; ow + Lanes <= hi; ow += Lanes) max_pool_block<T, Lanes, Stride>(xp, dyr, dxp, g, hs, he, ow, 0);
-      if (ow < hi) max_pool_block<T, Lanes, Stride>(xp, dyr, dxp, g, hs, he, hi - Lanes, ow - (hi - Lanes));
-      return;
-    }
-    max_pool_row<T, Lanes / 2, Stride>(xp, dyr, dxp, g, hs, he, lo, hi);
-  } else {
-    for (std::int64_t ow = lo; ow < hi; ++ow) max_pool_window(xp, dxp, g, hs, he, ow, dyr[ow]);
-  }
-}
-
-template <class T, int Lanes>
-inline void max_pool_planes(const T* x, const T* dy, T* dx, const Pool2dGeometry& g, std::int64_t first,
-                            std::int64_t last) {
-  // Windows [lo, hi) of a row lie wholly inside its columns.
-  const std::int64_t lo = std::min(g.OW, first_inside(-g.pw, g.sw));
-  const std::int64_t hi = std::max(lo, std::min(g.OW, end_inside(g.KW - 1 - g.pw, g.sw, g.W)));
-  for (std::int64_t plane = first; plane < last; ++plane) {
-    const T* xp = x + plane * g.H * g.W;
-    const T* dyp = dy + plane * g.OH * g.OW;
-    T* dxp = dx + plane * g.H * g.W;
-    std::fill_n(dxp, g.H * g.W, T(0));
-    for (std::int64_t oh = 0; oh < g.OH; ++oh) {
-      const std::int64_t h0 = oh * g.sh - g.ph;
-      const std::int64_t hs = std::max<std::int64_t>(h0, 0), he = std::min(h0 + g.KH, g.H);
-      const T* dyr = dyp + oh * g.OW;
-      for (std::int64_t ow = 0; ow < lo; ++ow) max_pool_window(xp, dxp, g, hs, he, ow, dyr[ow]);
-      if (g.sw == 1) max_pool_row<T, Lanes, 1>(xp, dyr, dxp, g, hs, he, lo, hi);
-      else if (g.sw == 2) max_pool_row<T, Lanes, 2>(xp, dyr, dxp, g, hs, he, lo, hi);
-      else max_pool_row<T, Lanes, 0>(xp, dyr, dxp, g, hs, he, lo, hi);
-      for (std::int64_t ow = hi; ow < g.OW; ++ow) max_pool_window(xp, dxp, g, hs, he, ow, dyr[ow]);
-    }
-  }
-}
-
-// The vectorised pooling gradients, planes [first, last) each: 2x2 max
-// (Kind::max2x2), 2x2 average, any max window; compiled per instruction set.
-enum class PoolKind { max2x2, avg2x2, max };
-
-template <class T, PoolKind Kind, int Lanes>
-inline void pool_planes(const T* x, const T* dy, T* dx, const Pool2dGeometry& g, std::int64_t first,
-                        std::int64_t last) {
-  if constexpr (Kind == PoolKind::max) max_pool_planes<T, Lanes>(x, dy, dx, g, first, last);
-  else pool2x2_planes<T, Kind == PoolKind::max2x2, Lanes>(x, dy, dx, g, first, last);
-}
-
-template <class T>
-using PoolPlanesFn = void (*)(const T*, const T*, T*, const Pool2dGeometry&, std::int64_t, std::int64_t);
-
-#ifdef HYBRA_ISA_VARIANTS
-template <class T, PoolKind Kind>
-__attribute__((target("arch=x86-64-v4"), flatten)) void pool_avx512(const T* x, const T* dy, T* dx,
-                                                                   const Pool2dGeometry& g, std::int64_t first,
-                                                                   std::int64_t last) {
-  pool_planes<T, Kind, 64 / sizeof(T)>(x, dy, dx, g, first, last);
-}
-template <class T, PoolKind Kind>
-__attribute__((target("arch=x86-64-v3"), flatten)) void pool_avx2(const T* x, const T* dy, T* dx,
-                                                                 const Pool2dGeometry& g, std::int64_t first,
-                                                                 std::int64_t last) {
-  pool_planes<T, Kind, 32 / sizeof(T)>(x, dy, dx, g, first, last);
-}
-#endif
-template <class T, PoolKind Kind>
-__attribute__((flatten)) void pool_generic(const T* x, const T* dy, T* dx, const Pool2dGeometry& g,
-                                           std::int64_t first, std::int64_t last) {
-  pool_planes<T, Kind, 16 / sizeof(T)>(x, dy, dx, g, first, last);
-}
-
-template <class T, PoolKind Kind>
-std::vector<PoolPlanesFn<T>> pool_variants() {
-#ifdef HYBRA_ISA_VARIANTS
-  return runnable_variants<PoolPlanesFn<T>>(&pool_avx512<T, Kind>, &pool_avx2<T, Kind>, &pool_generic<T, Kind>);
-#else
-  return runnable_variants<PoolPlanesFn<T>>(nullptr, nullptr, &pool_generic<T, Kind>);
-#endif
-}
-
-// Any window: per output row, dy / divisor spread along each window's
-// columns into `row`, then row added to each of the window's rows.
-template <class T>
-void avg_pool_backward_plane(const T* dyp, T* dxp, T* row, const Pool2dGeometry& g, bool count_include_pad) {
-  std::fill_n(dxp, g.H * g.W, T(0));
-  for (std::int64_t oh = 0; oh < g.OH; ++oh) {
-    const std::int64_t h0 = oh * g.sh - g.ph;
-    const std::int64_t hs = std::max<std::int64_t>(h0, 0), he = std::min(h0 + g.KH, g.H);
-    const std::int64_t height = pool_divisor_extent(h0, g.KH, g.H, g.ph, count_include_pad);
-    std::fill_n(row, g.W, T(0));
-    for (std::int64_t ow = 0; ow < g.OW; ++ow) {
-      const std::int64_t w0 = ow * g.sw - g.pw;
-      const std::int64_t ws = std::max<std::int64_t>(w0, 0), we = std::min(w0 + g.KW, g.W);
-      const std::int64_t divisor = height * pool_divisor_extent(w0, g.KW, g.W, g.pw, count_include_pad);
-      const T share = dyp[oh * g.OW + ow] / static_cast<T>(divisor);
-      for (std::int64_t w = ws; w < we; ++w) row[w] += share;
-    }
-    for (std::int64_t h = hs; h < he; ++h) {
-      T* d = dxp + h * g.W;
-#pragma omp simd
-      for (std::int64_t w = 0; w < g.W; ++w) d[w] += row[w];
-    }
-  }
-}
-
-// dx from dy through pooling windows: a max window's gradient goes to its
-// first maximum (the element the forward picked), an average window's is
-// spread over the elements it divided by. Planes are independent, one
-// thread each.
-template <class T, bool Max>
-void pool2d_backward(const T* dy, const T* x, T* dx, const Pool2dGeometry& g, bool count_include_pad) {
-  const std::int64_t planes = g.N * g.C;
-  if (planes == 0 || g.H * g.W == 0) return;
-  const std::int64_t cost = g.H * g.W + g.OH * g.OW * g.KH * g.KW;
-  const bool tiles2x2 = g.KH == 2 && g.KW == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0 &&
-                        2 * g.OH <= g.H && 2 * g.OW <= g.W;
-  PoolPlanesFn<T> planes_fn = nullptr;
-  if (tiles2x2) {
-    static const PoolPlanesFn<T> fastest = pool_variants<T, Max ? PoolKind::max2x2 : PoolKind::avg2x2>().front();
-    planes_fn = fastest;
-  } else if constexpr (Max) {
-    static const PoolPlanesFn<T> fastest = pool_variants<T, PoolKind::max>().front();
-    planes_fn = fastest;
-  }
-  if (planes_fn) {
-    backend::cpu::parallel_for(planes, cost, [&](std::int64_t first, std::int64_t last) {
-      planes_fn(x, dy, dx, g, first, last);
-    });
-    return;
-  }
-  std::atomic<bool> failed{false};
-  backend::cpu::parallel_for(planes, cost, [&](std::int64_t first, std::int64_t last) {
-    ThreadBuffer<T> row(g.W, failed);
-    if (!row.get()) return;
-    for (std::int64_t plane = first; plane < last; ++plane)
-      avg_pool_backward_plane(dy + plane * g.OH * g.OW, dx + plane * g.H * g.W, row.get(), g, count_include_pad);
-  });
-  check_buffers(failed, "pool2d_backward");
 }
 
 // conv2d's geometry, its errors naming the gradient op first, and the check
@@ -830,27 +374,15 @@ inline Conv2dGeometry backward_geometry(std::string_view op, const Tensor& dy, c
 // The gradients' launches on a GPU for operands laid out as `in` (a captured
 // plan's); nullopt where the eager op must run. Both conv2d gradients take
 // (dy, w or x) and the shape of what they return.
-inline std::optional<jit::CudaLaunch> cuda_conv2d_backward_launch(jit::ConvPass pass, std::span<const Tensor> in,
-                                                                  const Shape& out, Size2d stride, Size2d padding,
-                                                                  Size2d dilation, std::int64_t groups,
-                                                                  backend::cuda::Gpu& gpu) {
+inline std::optional<backend::cuda::CudaLaunch> cuda_conv2d_backward_launch(
+    detail::nn::ConvPass pass, std::span<const Tensor> in, const Shape& out, Size2d stride, Size2d padding,
+    Size2d dilation, std::int64_t groups, backend::cuda::Gpu& gpu) {
   const auto dtype = launch_dtype(in);
   if (!dtype) return std::nullopt;
-  const bool data = pass == jit::ConvPass::backward_data;
+  const bool data = pass == detail::nn::ConvPass::backward_data;
   const Conv2dGeometry g =
       conv2d_geometry(data ? out : in[1].shape(), data ? in[1].shape() : out, stride, padding, dilation, groups);
-  return jit::cuda_conv2d_launch(pass, g, false, *dtype, gpu);
-}
-
-// pool2d_backward's operands (dy, x).
-inline std::optional<jit::CudaLaunch> cuda_pool2d_backward_launch(std::span<const Tensor> in, bool max, Size2d kernel,
-                                                                  Size2d stride, Size2d padding,
-                                                                  bool count_include_pad, PoolingConvention convention,
-                                                                  backend::cuda::Gpu& gpu) {
-  const auto dtype = launch_dtype(in);
-  if (!dtype) return std::nullopt;
-  const Pool2dGeometry g = pool2d_geometry("pool2d_backward", in[1].shape(), kernel, stride, padding, convention);
-  return jit::cuda_pool2d_launch(max, true, g, count_include_pad, *dtype, gpu);
+  return detail::nn::cuda_conv2d_launch(pass, g, false, *dtype, gpu);
 }
 
 }  // namespace detail::nn
@@ -866,9 +398,9 @@ inline Tensor conv2d_backward_data(const Tensor& dy, const Tensor& weight, const
   const Tensor &d = operands[0], &w = operands[1];
   Tensor dx(x_shape, d.dtype(), d.device());
   if (d.device().kind == DeviceKind::cuda) {
-    jit::push_cuda_launch(op, {d, w}, dx,
-                          jit::cuda_conv2d_launch(jit::ConvPass::backward_data, g, false, d.dtype(),
-                                                  backend::cuda::gpu(d.device().id)));
+    backend::cuda::push_cuda_launch(op, {d, w}, dx,
+                                    detail::nn::cuda_conv2d_launch(detail::nn::ConvPass::backward_data, g, false,
+                                                                   d.dtype(), backend::cuda::gpu(d.device().id)));
     return dx;
   }
   push_op(op, {d, w}, {dx}, [d, w, dx, g] {
@@ -893,9 +425,9 @@ inline Tensor conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Sh
   const Tensor &d = operands[0], &xc = operands[1];
   Tensor dw(weight_shape, d.dtype(), d.device());
   if (d.device().kind == DeviceKind::cuda) {
-    jit::push_cuda_launch(op, {d, xc}, dw,
-                          jit::cuda_conv2d_launch(jit::ConvPass::backward_weight, g, false, d.dtype(),
-                                                  backend::cuda::gpu(d.device().id)));
+    backend::cuda::push_cuda_launch(op, {d, xc}, dw,
+                                    detail::nn::cuda_conv2d_launch(detail::nn::ConvPass::backward_weight, g, false,
+                                                                   d.dtype(), backend::cuda::gpu(d.device().id)));
     return dw;
   }
   push_op(op, {d, xc}, {dw}, [d, xc, dw, g] {
@@ -909,41 +441,6 @@ inline Tensor conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Sh
   return dw;
 }
 
-// The gradient of a pooling with respect to its input x (pool_type "max" or
-// "avg"; global pools pass the whole plane as kernel with stride 1, padding 0).
-inline Tensor pool2d_backward(const Tensor& dy, const Tensor& x, bool max, Size2d kernel, Size2d stride,
-                              Size2d padding, bool count_include_pad,
-                              PoolingConvention convention = PoolingConvention::valid) {
-  namespace nn = detail::nn;
-  constexpr std::string_view op = "pool2d_backward";
-  const nn::Pool2dGeometry g =
-      nn::pool2d_geometry(op, x.require(op.data()).shape(), kernel, stride, padding, convention);
-  if (dy.require(op.data()).shape() != Shape{g.N, g.C, g.OH, g.OW})
-    fail<ShapeError>(op, ": gradient of shape ", to_string(dy.shape()), " does not match the output (", g.N, ", ",
-                     g.C, ", ", g.OH, ", ", g.OW, ") of input ", to_string(x.shape()), " and kernel ", kernel);
-  const auto operands = nn::float_operands<2>(op, {dy, x});
-  const Tensor &d = operands[0], &xc = operands[1];
-  Tensor dx(xc.shape(), d.dtype(), d.device());
-  if (d.device().kind == DeviceKind::cuda) {
-    jit::push_cuda_launch(op, {d, xc}, dx,
-                          jit::cuda_pool2d_launch(max, true, g, count_include_pad, d.dtype(), backend::cuda::gpu(d.device().id)));
-    return dx;
-  }
-  push_op(op, {d, xc}, {dx}, [d, xc, dx, g, max, count_include_pad] {
-    dispatch(dx.dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      if constexpr (std::is_floating_point_v<T>) {
-        auto* out = static_cast<T*>(dx.raw_data());
-        const auto* dyp = static_cast<const T*>(d.raw_data());
-        const auto* xp = static_cast<const T*>(xc.raw_data());
-        if (max) nn::pool2d_backward<T, true>(dyp, xp, out, g, count_include_pad);
-        else nn::pool2d_backward<T, false>(dyp, xp, out, g, count_include_pad);
-      }
-    });
-  });
-  return dx;
-}
-
 namespace op {
 
 // conv2d's gradients: (dy, weight) and (dy, data), with the forward conv2d's
@@ -952,67 +449,41 @@ struct conv2d_backward_data {
   static constexpr std::string_view name = "conv2d_backward_data";
   static constexpr int arity = 2;
   static constexpr bool gradient_only = true;
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
     const auto w = hybra::detail::nn::ConvWindow::read(a, name);
-    return hybra::conv2d_backward_data(in[0], in[1], graph::shape_attr(a, "shape", name), w.stride, w.pad, w.dilate,
+    return hybra::conv2d_backward_data(in[0], in[1], op::shape_attr(a, "shape", name), w.stride, w.pad, w.dilate,
                                        w.groups);
   }
   static std::int64_t multiply_adds(std::span<const Tensor> in, const Tensor&) {
     return in[0].size() * hybra::detail::nn::per_filter(in[1]);
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs& a,
-                                                    backend::cuda::Gpu& gpu) {
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out,
+                                                              const op::Attrs& a, backend::cuda::Gpu& gpu) {
     const auto w = hybra::detail::nn::ConvWindow::read(a, name);
-    return hybra::detail::nn::cuda_conv2d_backward_launch(jit::ConvPass::backward_data, in, out.shape(), w.stride, w.pad,
-                                                   w.dilate, w.groups, gpu);
+    return hybra::detail::nn::cuda_conv2d_backward_launch(hybra::detail::nn::ConvPass::backward_data, in, out.shape(),
+                                                          w.stride, w.pad, w.dilate, w.groups, gpu);
   }
 };
 struct conv2d_backward_weight {
   static constexpr std::string_view name = "conv2d_backward_weight";
   static constexpr int arity = 2;
   static constexpr bool gradient_only = true;
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
     const auto w = hybra::detail::nn::ConvWindow::read(a, name);
-    return hybra::conv2d_backward_weight(in[0], in[1], graph::shape_attr(a, "shape", name), w.stride, w.pad, w.dilate,
+    return hybra::conv2d_backward_weight(in[0], in[1], op::shape_attr(a, "shape", name), w.stride, w.pad, w.dilate,
                                          w.groups);
   }
   static std::int64_t multiply_adds(std::span<const Tensor> in, const Tensor& out) {
     return in[0].size() * hybra::detail::nn::per_filter(out);
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs& a,
-                                                    backend::cuda::Gpu& gpu) {
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out,
+                                                              const op::Attrs& a, backend::cuda::Gpu& gpu) {
     const auto w = hybra::detail::nn::ConvWindow::read(a, name);
-    return hybra::detail::nn::cuda_conv2d_backward_launch(jit::ConvPass::backward_weight, in, out.shape(), w.stride, w.pad,
-                                                   w.dilate, w.groups, gpu);
+    return hybra::detail::nn::cuda_conv2d_backward_launch(hybra::detail::nn::ConvPass::backward_weight, in, out.shape(),
+                                                          w.stride, w.pad, w.dilate, w.groups, gpu);
   }
 };
 
-// pool2d's gradient: (dy, data), with the forward pool2d's attributes.
-struct pool2d_backward {
-  static constexpr std::string_view name = "pool2d_backward";
-  static constexpr int arity = 2;
-  static constexpr bool gradient_only = true;
-  // A global pool's window is the input's whole plane.
-  static hybra::detail::nn::PoolWindow window(std::span<const Tensor> in, const graph::Attrs& a) {
-    auto p = hybra::detail::nn::PoolWindow::read(a, name);
-    if (p.global) {
-      const Shape& s = in[1].shape();
-      if (s.size() != 4) fail<ShapeError>(name, ": input of shape ", hybra::to_string(s), " is not 4-d");
-      p.kernel = Size2d(s[2], s[3]);
-    }
-    return p;
-  }
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    const auto p = window(in, a);
-    return hybra::pool2d_backward(in[0], in[1], p.max, p.kernel, p.stride, p.pad, p.count_include_pad, p.convention);
-  }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
-                                                    backend::cuda::Gpu& gpu) {
-    const auto p = window(in, a);
-    return hybra::detail::nn::cuda_pool2d_backward_launch(in, p.max, p.kernel, p.stride, p.pad, p.count_include_pad,
-                                                   p.convention, gpu);
-  }
-};
 
 }  // namespace op
 

@@ -1,6 +1,6 @@
 #pragma once
 // The sizes of a convolution and of a pooling, which the CPU ops (conv.hpp,
-// conv_backward.hpp) and the GPU's launches (jit/cuda_conv.hpp) share. The
+// conv_backward.hpp) and the GPU's launches (ops/conv_cuda.hpp) share. The
 // GPU's kernels take them as parameters, as kernels/conv.cuh's
 // conv_geometry and kernels/pool.cuh's pool_geometry: the fields and their
 // order are the same there.

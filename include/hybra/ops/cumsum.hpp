@@ -18,9 +18,9 @@
 
 #include "../backend/cpu/threads.hpp"
 #include "../expr/evaluate.hpp"
-#include "../jit/cuda_launch.hpp"
-#include "../jit/cuda_ptx.hpp"
-#include "../jit/cuda_source.hpp"
+#include "../backend/cuda/launch.hpp"
+#include "../backend/cuda/ptx.hpp"
+#include "../backend/cuda/source.hpp"
 #include "layout.hpp"
 #include "op.hpp"
 
@@ -47,8 +47,8 @@ inline Block block(const Shape& shape, std::optional<i64> axis) {
 
 inline DType result_dtype(DType in) { return is_floating(in) ? in : DType::int64; }
 
-inline graph::Attrs attrs(std::optional<i64> axis, bool reverse) {
-  return {{"axis", graph::attr_text(axis)}, {"reverse", graph::attr_text(reverse)}};
+inline op::Attrs attrs(std::optional<i64> axis, bool reverse) {
+  return {{"axis", op::attr_text(axis)}, {"reverse", op::attr_text(reverse)}};
 }
 
 // Each of the R rows of an (outer) block adds the previous one, so the
@@ -74,7 +74,7 @@ inline std::string entry(DType in) { return hybra::detail::concat("hybra_cumsum_
 
 // The NVRTC program of one input dtype: one entry (x, y, outer, R, inner, reverse).
 inline std::string cuda_program(DType in) {
-  const std::string X(jit::cuda_type(in)), Y(jit::cuda_type(result_dtype(in)));
+  const std::string X(backend::cuda::cuda_type(in)), Y(backend::cuda::cuda_type(result_dtype(in)));
   return hybra::detail::concat("#include <kernels/cumsum.cuh>\n\nextern \"C\" __global__ void __launch_bounds__(256) ",
                                entry(in), "(const ", X, "* x, ", Y,
                                "* y, long long outer, long long R, long long inner, bool reverse) {\n"
@@ -82,9 +82,9 @@ inline std::string cuda_program(DType in) {
 }
 
 // A contiguous x of dtype `in`, laid out as b, on a GPU.
-inline jit::CudaLaunch cuda_launch(Block b, bool reverse, DType in, backend::cuda::Gpu& gpu) {
-  const std::string& ptx = jit::program_ptx(entry(in), gpu.arch(), [in] { return cuda_program(in); });
-  const jit::ElementwiseGrid grid = jit::grid_over(b.outer * b.inner, gpu.info().multiprocessors);
+inline backend::cuda::CudaLaunch cuda_launch(Block b, bool reverse, DType in, backend::cuda::Gpu& gpu) {
+  const std::string& ptx = backend::cuda::program_ptx(entry(in), gpu.arch(), [in] { return cuda_program(in); });
+  const backend::cuda::ElementwiseGrid grid = backend::cuda::grid_over(b.outer * b.inner, gpu.info().multiprocessors);
   return {0, [&ptx, b, reverse, in, grid](backend::cuda::Gpu& gpu, std::span<const void* const> operands, void* out,
                                           void*) {
             if (b.outer * b.R * b.inner == 0) return;
@@ -102,8 +102,8 @@ inline Tensor run(Tensor x, std::optional<i64> axis, bool reverse) {
   const Tensor xc = x.contiguous();
   Tensor out(axis ? x.shape() : Shape{b.R}, result_dtype(x.dtype()), x.device());
   if (out.device().kind == DeviceKind::cuda) {
-    jit::push_cuda_launch("cumsum", {xc}, out,
-                          cuda_launch(b, reverse, xc.dtype(), backend::cuda::gpu(xc.device().id)));
+    backend::cuda::push_cuda_launch("cumsum", {xc}, out,
+                                    cuda_launch(b, reverse, xc.dtype(), backend::cuda::gpu(xc.device().id)));
     return out;
   }
   push_op("cumsum", {xc}, {out}, [xc, out, b, reverse] {
@@ -136,19 +136,19 @@ namespace op {
 
 struct cumsum {
   static constexpr std::string_view name = "cumsum";
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    return hybra::cumsum(in[0], graph::optional_int_attr(a, "axis", name), graph::bool_attr(a, "reverse", name));
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    return hybra::cumsum(in[0], op::optional_int_attr(a, "axis", name), op::bool_attr(a, "reverse", name));
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
-                                                    backend::cuda::Gpu& gpu) {
-    const auto b = hybra::detail::cumsum::block(in[0].shape(), graph::optional_int_attr(a, "axis", name));
-    return hybra::detail::cumsum::cuda_launch(b, graph::bool_attr(a, "reverse", name), in[0].dtype(), gpu);
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&,
+                                                              const op::Attrs& a, backend::cuda::Gpu& gpu) {
+    const auto b = hybra::detail::cumsum::block(in[0].shape(), op::optional_int_attr(a, "axis", name));
+    return hybra::detail::cumsum::cuda_launch(b, op::bool_attr(a, "reverse", name), in[0].dtype(), gpu);
   }
   // Each x[k] adds to every sum from k on: dx is dy's running sum the other way.
   template <class G>
   static auto gradient(const G& g) {
-    const auto axis = graph::optional_int_attr(g.attrs, "axis", "gradient");
-    const bool reverse = graph::bool_attr(g.attrs, "reverse", "gradient");
+    const auto axis = op::optional_int_attr(g.attrs, "axis", "gradient");
+    const bool reverse = op::bool_attr(g.attrs, "reverse", "gradient");
     return g.grads(g.reshape(hybra::cumsum(g.dy, axis, !reverse), g.shape(0)));
   }
   // MXNet's numpy cumsum, with the result's dtype written out (MXNet's own
@@ -156,15 +156,15 @@ struct cumsum {
   static constexpr std::array<std::string_view, 1> mxnet{"_np_cumsum"};
   template <class W>
   static auto write(const W& w) {
-    if (graph::parse_bool(w.attr("reverse"), name)) w.reject("with reverse=true (MXNet's cumsum has no reverse)");
-    graph::Attrs a{{"dtype", std::string(hybra::name(*w.node.meta.dtype))}};
+    if (op::parse_bool(w.attr("reverse"), name)) w.reject("with reverse=true (MXNet's cumsum has no reverse)");
+    op::Attrs a{{"dtype", std::string(hybra::name(*w.node.meta.dtype))}};
     if (w.attr("axis") != "None") a.emplace_back("axis", w.attr("axis"));
     return w.keep_all("_np_cumsum", std::move(a));
   }
   template <class R>
   static auto read(const R& r) {
     r.arity(1, 1);
-    const auto axis = r.parsed("axis", [](std::string_view t) { return graph::parse_int(t, "axis"); });
+    const auto axis = r.parsed("axis", [](std::string_view t) { return op::parse_int(t, "axis"); });
     auto y = r.make("cumsum", hybra::detail::cumsum::attrs(axis, false));
     const auto& x = r.inputs[0].node().meta.dtype;
     const auto want = r.attr("dtype");

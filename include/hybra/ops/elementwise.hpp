@@ -21,7 +21,7 @@
 // HYBRA_ELEMENTWISE_FUNCTIONS when it is called by name, as exp(x) is).
 //
 // The entries are also CUDA device code: NVRTC compiles this header into
-// every generated kernel (jit/cuda_source.hpp), which calls Op::apply as the
+// every generated kernel (expr/cuda_elementwise.hpp), which calls Op::apply as the
 // CPU loops do. NVRTC has no host standard library, so there NVRTC's built-in
 // math functions and the few traits below stand in for <cmath> and
 // <type_traits> (libcu++'s headers would cost most of each compile:

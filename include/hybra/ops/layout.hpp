@@ -13,21 +13,23 @@
 #include <vector>
 
 #include "../expr/evaluate.hpp"
-#include "../jit/cuda_eager.hpp"
-#include "../jit/cuda_layout.hpp"
+#include "../backend/cuda/convert.hpp"
+#include "../backend/cuda/layout.hpp"
 
 namespace hybra {
 
 // The layout ops' node attributes (their entries below read them back).
-inline graph::Attrs axis_attrs(std::int64_t axis) { return {{"axis", graph::attr_text(axis)}}; }
-inline graph::Attrs reshape_attrs(const Shape& shape) { return {{"shape", graph::attr_text(shape)}}; }
-inline graph::Attrs transpose_attrs(std::optional<std::vector<std::int64_t>> axes) {
-  return {{"axis", graph::attr_text(axes)}};
+inline op::Attrs axis_attrs(std::int64_t axis) { return {{"axis", op::attr_text(axis)}}; }
+inline op::Attrs reshape_attrs(const Shape& shape) { return {{"shape", op::attr_text(shape)}}; }
+inline op::Attrs transpose_attrs(std::optional<std::vector<std::int64_t>> axes) {
+  return {{"axis", op::attr_text(axes)}};
 }
-inline graph::Attrs slice_attrs(std::int64_t axis, std::optional<std::int64_t> begin, std::optional<std::int64_t> end,
-                                std::int64_t step) {
-  return {{"axis", graph::attr_text(axis)}, {"begin", graph::attr_text(begin)}, {"end", graph::attr_text(end)},
-          {"step", graph::attr_text(step)}};
+inline op::Attrs slice_attrs(std::int64_t axis, std::optional<std::int64_t> begin, std::optional<std::int64_t> end,
+                             std::int64_t step) {
+  return {{"axis", op::attr_text(axis)},
+          {"begin", op::attr_text(begin)},
+          {"end", op::attr_text(end)},
+          {"step", op::attr_text(step)}};
 }
 
 namespace detail {
@@ -220,16 +222,16 @@ inline Tensor concat(const std::vector<Tensor>& tensors, std::int64_t axis = 0) 
 namespace detail {
 // A reshape of a contiguous operand is a view of it, which needs no launch;
 // of any other, a copy into the result in the operand's order.
-inline std::optional<jit::CudaLaunch> copy_unless_view(std::span<const Tensor> in, const Tensor& out,
-                                                        std::string_view op, backend::cuda::Gpu& gpu) {
+inline std::optional<backend::cuda::CudaLaunch> copy_unless_view(std::span<const Tensor> in, const Tensor& out,
+                                                                 std::string_view op, backend::cuda::Gpu& gpu) {
   if (in[0].is_contiguous()) return std::nullopt;
   const Tensor whole(in[0].shape(), out.dtype(), meta());
-  return jit::cuda_write_views_launch(in, std::span(&whole, 1), whole, false, op, gpu);
+  return backend::cuda::cuda_write_views_launch(in, std::span(&whole, 1), whole, false, op, gpu);
 }
 // An op MXNet writes under its own spelling with hybra's attrs unchanged.
 template <class W>
 auto keep_attrs(const W& w, std::string op, std::initializer_list<std::string_view> keys) {
-  graph::Attrs a;
+  op::Attrs a;
   for (auto key : keys) a.emplace_back(std::string(key), w.attr(key));
   return w.keep_all(std::move(op), std::move(a));
 }
@@ -248,11 +250,11 @@ namespace op {
 
 struct reshape {
   static constexpr std::string_view name = "reshape";
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    return hybra::reshape(in[0], graph::shape_attr(a, "shape", name));
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    return hybra::reshape(in[0], op::shape_attr(a, "shape", name));
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs&,
-                                                    backend::cuda::Gpu& gpu) {
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out,
+                                                              const op::Attrs&, backend::cuda::Gpu& gpu) {
     return hybra::detail::copy_unless_view(in, out, name, gpu);
   }
   template <class G> static auto gradient(const G& g) { return g.grads(g.reshape(g.dy, g.shape(0))); }
@@ -262,19 +264,19 @@ struct reshape {
   static auto read(const R& r) {
     r.arity(1, 1);
     auto shape = hybra::detail::plain_shape(r, "MXNet's special reshape codes (0, -2, -3, -4) are not supported");
-    return r.make("reshape", {{"shape", graph::attr_text(shape)}});
+    return r.make("reshape", {{"shape", op::attr_text(shape)}});
   }
 };
 
 struct transpose {
   static constexpr std::string_view name = "transpose";
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    auto axes = graph::optional_tuple_attr(a, "axis", name);
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    auto axes = op::optional_tuple_attr(a, "axis", name);
     return axes ? hybra::transpose(in[0], *axes) : hybra::transpose(in[0]);
   }
   template <class G>
   static auto gradient(const G& g) {
-    auto axes = graph::optional_tuple_attr(g.attrs, "axis", "gradient");
+    auto axes = op::optional_tuple_attr(g.attrs, "axis", "gradient");
     if (!axes) return g.grads(g.transpose(g.dy));
     std::vector<std::int64_t> back(axes->size());
     for (std::size_t i = 0; i < axes->size(); ++i)
@@ -284,7 +286,7 @@ struct transpose {
   static constexpr std::array<std::string_view, 1> mxnet{"transpose"};
   template <class W>
   static auto write(const W& w) {
-    graph::Attrs a;
+    op::Attrs a;
     if (w.attr("axis") != "None") a.emplace_back("axes", w.attr("axis"));
     return w.keep_all("transpose", std::move(a));
   }
@@ -292,15 +294,15 @@ struct transpose {
   static auto read(const R& r) {
     r.arity(1, 1);
     auto axes = r.tuple("axes");
-    return r.make("transpose", {{"axis", axes && !axes->empty() ? graph::attr_text(*axes) : "None"}});
+    return r.make("transpose", {{"axis", axes && !axes->empty() ? op::attr_text(*axes) : "None"}});
   }
 };
 
 struct slice {
   static constexpr std::string_view name = "slice";
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    return hybra::slice(in[0], graph::int_attr(a, "axis", name), graph::optional_int_attr(a, "begin", name),
-                        graph::optional_int_attr(a, "end", name), graph::int_attr(a, "step", name));
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    return hybra::slice(in[0], op::int_attr(a, "axis", name), op::optional_int_attr(a, "begin", name),
+                        op::optional_int_attr(a, "end", name), op::int_attr(a, "step", name));
   }
   template <class G> static auto gradient(const G& g) {
     return g.grads(g.make("slice_backward", g.with_shape(g.attrs, g.shape(0)), {g.dy}));
@@ -314,10 +316,12 @@ struct slice {
   template <class R>
   static auto read(const R& r) {
     r.arity(1, 1);
-    auto bound = [&](std::string_view key) { return r.parsed(key, [&](std::string_view t) { return graph::parse_int(t, key); }); };
-    return r.make("slice", {{"axis", graph::attr_text(r.integer("axis", 0))},
-                            {"begin", graph::attr_text(bound("begin"))},
-                            {"end", graph::attr_text(bound("end"))},
+    auto bound = [&](std::string_view key) {
+      return r.parsed(key, [&](std::string_view t) { return op::parse_int(t, key); });
+    };
+    return r.make("slice", {{"axis", op::attr_text(r.integer("axis", 0))},
+                            {"begin", op::attr_text(bound("begin"))},
+                            {"end", op::attr_text(bound("end"))},
                             {"step", "1"}});
   }
 };
@@ -326,29 +330,29 @@ struct slice {
 struct slice_backward {
   static constexpr std::string_view name = "slice_backward";
   static constexpr bool gradient_only = true;
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    return hybra::slice_backward(in[0], graph::shape_attr(a, "shape", name), graph::int_attr(a, "axis", name),
-                                 graph::optional_int_attr(a, "begin", name), graph::optional_int_attr(a, "end", name),
-                                 graph::int_attr(a, "step", name));
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    return hybra::slice_backward(in[0], op::shape_attr(a, "shape", name), op::int_attr(a, "axis", name),
+                                 op::optional_int_attr(a, "begin", name), op::optional_int_attr(a, "end", name),
+                                 op::int_attr(a, "step", name));
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs& a,
-                                                    backend::cuda::Gpu& gpu) {
-    const Tensor read = hybra::slice(out, graph::int_attr(a, "axis", name), graph::optional_int_attr(a, "begin", name),
-                                     graph::optional_int_attr(a, "end", name), graph::int_attr(a, "step", name));
-    return jit::cuda_write_views_launch(in, std::span(&read, 1), out, true, name, gpu);
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out,
+                                                              const op::Attrs& a, backend::cuda::Gpu& gpu) {
+    const Tensor read = hybra::slice(out, op::int_attr(a, "axis", name), op::optional_int_attr(a, "begin", name),
+                                     op::optional_int_attr(a, "end", name), op::int_attr(a, "step", name));
+    return backend::cuda::cuda_write_views_launch(in, std::span(&read, 1), out, true, name, gpu);
   }
 };
 
 struct concat {
   static constexpr std::string_view name = "concat";
   static constexpr int arity = -1;
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    return hybra::concat(std::vector<Tensor>(in.begin(), in.end()), graph::int_attr(a, "axis", name));
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    return hybra::concat(std::vector<Tensor>(in.begin(), in.end()), op::int_attr(a, "axis", name));
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs& a,
-                                                    backend::cuda::Gpu& gpu) {
-    const int ax = hybra::detail::checked_axis(graph::int_attr(a, "axis", name), out.shape(), name);
-    return jit::cuda_write_views_launch(in, hybra::detail::concat_views(in, out, ax), out, false, name, gpu);
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out,
+                                                              const op::Attrs& a, backend::cuda::Gpu& gpu) {
+    const int ax = hybra::detail::checked_axis(op::int_attr(a, "axis", name), out.shape(), name);
+    return backend::cuda::cuda_write_views_launch(in, hybra::detail::concat_views(in, out, ax), out, false, name, gpu);
   }
   template <class G>
   static auto gradient(const G& g) {
@@ -372,14 +376,14 @@ struct concat {
     r.arity(1, static_cast<std::size_t>(-1));
     if (r.integer("num_args", static_cast<std::int64_t>(r.inputs.size())) != static_cast<std::int64_t>(r.inputs.size()))
       r.reject("attr 'num_args' does not match its " + std::to_string(r.inputs.size()) + " inputs");
-    return r.make("concat", {{"axis", graph::attr_text(r.integer("dim", 1))}});
+    return r.make("concat", {{"axis", op::attr_text(r.integer("dim", 1))}});
   }
 };
 
 struct broadcast_to {
   static constexpr std::string_view name = "broadcast_to";
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    return hybra::broadcast_to(in[0], graph::shape_attr(a, "shape", name));
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    return hybra::broadcast_to(in[0], op::shape_attr(a, "shape", name));
   }
   template <class G> static auto gradient(const G& g) { return g.grads(g.sum_to(g.dy, g.shape(0))); }
   static constexpr std::array<std::string_view, 1> mxnet{"broadcast_to"};
@@ -390,20 +394,21 @@ struct broadcast_to {
     auto shape = hybra::detail::plain_shape(r, "MXNet's 0 (keep this dimension) in 'shape' is not supported");
     for (auto d : shape)
       if (d < 0) r.reject("MXNet's 0 (keep this dimension) in 'shape' is not supported");
-    return r.make("broadcast_to", {{"shape", graph::attr_text(shape)}});
+    return r.make("broadcast_to", {{"shape", op::attr_text(shape)}});
   }
 };
 
 // A copy to another dtype (Tensor::astype, expr/evaluate.hpp).
 struct astype {
   static constexpr std::string_view name = "astype";
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    return in[0].astype(parse_dtype(graph::find_attr(a, "dtype", name), name));
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    return in[0].astype(parse_dtype(op::find_attr(a, "dtype", name), name));
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs&,
-                                                    backend::cuda::Gpu& gpu) {
-    if (in[0].dtype() == out.dtype()) return jit::cuda_write_views_launch(in, std::span(&out, 1), out, false, name, gpu);
-    return jit::cuda_convert_launch(in[0].dtype(), out.dtype(), out.size(), gpu);
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out,
+                                                              const op::Attrs&, backend::cuda::Gpu& gpu) {
+    if (in[0].dtype() == out.dtype())
+      return backend::cuda::cuda_write_views_launch(in, std::span(&out, 1), out, false, name, gpu);
+    return backend::cuda::cuda_convert_launch(in[0].dtype(), out.dtype(), out.size(), gpu);
   }
   template <class G> static auto gradient(const G& g) { return g.grads(g.dy); }
   static constexpr std::array<std::string_view, 2> mxnet{"Cast", "cast"};

@@ -23,8 +23,8 @@
 #include "../backend/cpu/threads.hpp"
 #include "../backend/cuda/cublas.hpp"
 #include "../expr/evaluate.hpp"
-#include "../jit/cuda_launch.hpp"
-#include "../graph/attrs.hpp"
+#include "../backend/cuda/launch.hpp"
+#include "attrs.hpp"
 #include "layout.hpp"
 
 namespace hybra {
@@ -181,35 +181,38 @@ void product(const Tensor& a, const Tensor& b, const Shape& batch, T* c) {
   else integer_product(a, b, batch, c, M, K, N, B);
 }
 
-// The same product on a GPU, as launches (jit/cuda_launch.hpp): one cuBLAS
+// The same product on a GPU, as launches (backend/cuda/launch.hpp): one cuBLAS
 // GEMM per batch item on the GPU's stream (a shared right operand folds the
 // batch into rows, as on the CPU). a and b have c's floating dtype and
 // layouts cuBLAS reads (blas_layout); only their shapes and strides are read
 // here, so the launches serve any operands laid out alike.
-inline jit::CudaLaunch cuda_product_launch(const Tensor& a, const Tensor& b, const Shape& batch, DType dtype) {
+inline backend::cuda::CudaLaunch cuda_product_launch(const Tensor& a, const Tensor& b, const Shape& batch,
+                                                     DType dtype) {
   const auto na = static_cast<std::size_t>(a.ndim());
   const std::int64_t rows = a.shape()[na - 2], K = a.shape()[na - 1], N = b.shape().back();
   const std::int64_t items = checked_numel(batch);
-  jit::CudaLaunch launch{0, [plan = batched_product(a, b, batch, rows, K, N, items), batch, rows, K, N, items, dtype](
-                                backend::cuda::Gpu& gpu, std::span<const void* const> in, void* c, void*) {
-    if (items == 0 || rows == 0 || N == 0) return;
-    dispatch(dtype, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      if constexpr (std::is_floating_point_v<T>) {
-        T* pc = static_cast<T*>(c);
-        if (K == 0) {
-          gpu.fill(reinterpret_cast<backend::cuda::CUdeviceptr>(pc), 0, 4,
-                   static_cast<std::size_t>(items * rows * N) * sizeof(T) / 4);
-          return;
-        }
-        const T* a0 = static_cast<const T*>(in[0]);
-        const T* b0 = static_cast<const T*>(in[1]);
-        for (std::int64_t bi = 0; bi < plan.B; ++bi)
-          backend::cuda::gemm<T>(gpu, plan.la.trans, plan.lb.trans, plan.M, N, K, T(1), a0 + plan.a_offset(bi, batch),
-                                 plan.la.ld, b0 + plan.b_offset(bi, batch), plan.lb.ld, T(0), pc + bi * plan.M * N, N);
-      }
-    });
-  }};
+  backend::cuda::CudaLaunch launch{
+      0, [plan = batched_product(a, b, batch, rows, K, N, items), batch, rows, K, N, items, dtype](
+             backend::cuda::Gpu& gpu, std::span<const void* const> in, void* c, void*) {
+        if (items == 0 || rows == 0 || N == 0) return;
+        dispatch(dtype, [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          if constexpr (std::is_floating_point_v<T>) {
+            T* pc = static_cast<T*>(c);
+            if (K == 0) {
+              gpu.fill(reinterpret_cast<backend::cuda::CUdeviceptr>(pc), 0, 4,
+                       static_cast<std::size_t>(items * rows * N) * sizeof(T) / 4);
+              return;
+            }
+            const T* a0 = static_cast<const T*>(in[0]);
+            const T* b0 = static_cast<const T*>(in[1]);
+            for (std::int64_t bi = 0; bi < plan.B; ++bi)
+              backend::cuda::gemm<T>(gpu, plan.la.trans, plan.lb.trans, plan.M, N, K, T(1),
+                                     a0 + plan.a_offset(bi, batch), plan.la.ld, b0 + plan.b_offset(bi, batch),
+                                     plan.lb.ld, T(0), pc + bi * plan.M * N, N);
+          }
+        });
+      }};
   launch.reads_views = true;
   return launch;
 }
@@ -236,7 +239,7 @@ inline Tensor to_dtype(const Tensor& t, DType d) { return t.dtype() == d ? t : t
 // matmul of operands laid out as a and b on a GPU; nullopt where the eager op
 // must prepare them first (a vector operand, dtypes to promote, a layout
 // cuBLAS cannot read).
-inline std::optional<jit::CudaLaunch> cuda_matmul_launch(const Tensor& a, const Tensor& b) {
+inline std::optional<backend::cuda::CudaLaunch> cuda_matmul_launch(const Tensor& a, const Tensor& b) {
   if (a.ndim() < 2 || b.ndim() < 2 || a.dtype() != b.dtype() || !is_floating(a.dtype()) || !blas_layout(a).ok ||
       !blas_layout(b).ok)
     return std::nullopt;
@@ -248,7 +251,7 @@ inline std::optional<jit::CudaLaunch> cuda_matmul_launch(const Tensor& a, const 
 // dot of operands laid out as a and b on a GPU, as one product of a's rows
 // and b's matrix; nullopt where the eager op must prepare them first (a 0-d
 // operand, dtypes to promote, a b of more than two dims to transpose).
-inline std::optional<jit::CudaLaunch> cuda_dot_launch(const Tensor& a, const Tensor& b) {
+inline std::optional<backend::cuda::CudaLaunch> cuda_dot_launch(const Tensor& a, const Tensor& b) {
   if (a.ndim() == 0 || b.ndim() == 0 || b.ndim() > 2 || a.dtype() != b.dtype() || !is_floating(a.dtype()) ||
       (a.ndim() > 2 && !a.is_contiguous()))
     return std::nullopt;
@@ -300,7 +303,7 @@ Tensor matmul(A&& a_in, B&& b_in) {
   Tensor out(out_shape, dtype, a.device());
   if (out.device().kind == DeviceKind::cuda) {
     la::require_gpu_product("matmul", dtype, {&a, &b});
-    jit::push_cuda_launch("matmul", {a, b}, out, la::cuda_product_launch(a, b, batch, dtype));
+    backend::cuda::push_cuda_launch("matmul", {a, b}, out, la::cuda_product_launch(a, b, batch, dtype));
     return rec.output(out);
   }
   push_op("matmul", {a, b}, {out}, [a, b, batch, out] {
@@ -359,7 +362,7 @@ Tensor dot(A&& a_in, B&& b_in) {
   Tensor out(out_shape, dtype, a.device());
   if (out.device().kind == DeviceKind::cuda) {
     la::require_gpu_product("dot", dtype, {&a2, &b2});
-    jit::push_cuda_launch("dot", {a2, b2}, out, la::cuda_product_launch(a2, b2, Shape{}, dtype));
+    backend::cuda::push_cuda_launch("dot", {a2, b2}, out, la::cuda_product_launch(a2, b2, Shape{}, dtype));
     return rec.output(out);
   }
   push_op("dot", {a2, b2}, {out}, [a2, b2, out] {
@@ -391,12 +394,12 @@ struct matmul {
   static constexpr std::string_view name = "matmul";
   static constexpr int arity = 2;
   static constexpr bool product = true;
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs&) { return hybra::matmul(in[0], in[1]); }
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs&) { return hybra::matmul(in[0], in[1]); }
   static std::int64_t multiply_adds(std::span<const Tensor> in, const Tensor& out) {
     return hybra::detail::linalg::contraction(in, out);
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs&,
-                                                    backend::cuda::Gpu&) {
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&,
+                                                              const op::Attrs&, backend::cuda::Gpu&) {
     return hybra::detail::linalg::cuda_matmul_launch(in[0], in[1]);
   }
   template <class G>
@@ -429,12 +432,12 @@ struct matmul {
 struct dot {
   static constexpr std::string_view name = "dot";
   static constexpr int arity = 2;
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs&) { return hybra::dot(in[0], in[1]); }
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs&) { return hybra::dot(in[0], in[1]); }
   static std::int64_t multiply_adds(std::span<const Tensor> in, const Tensor& out) {
     return hybra::detail::linalg::contraction(in, out);
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs&,
-                                                    backend::cuda::Gpu&) {
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&,
+                                                              const op::Attrs&, backend::cuda::Gpu&) {
     return hybra::detail::linalg::cuda_dot_launch(in[0], in[1]);
   }
   template <class G>

@@ -13,7 +13,7 @@
 #include "../backend/cpu/gemv.hpp"
 #include "../backend/cuda/cublaslt.hpp"
 #include "../core/creation.hpp"
-#include "../jit/cuda_random.hpp"
+#include "../backend/cuda/random.hpp"
 #include "layout.hpp"
 #include "linalg.hpp"
 
@@ -124,7 +124,7 @@ auto activation(X&& x, std::string_view act_type) {
 // 1 / (1 - rate) while training (autograd::train_mode); the identity when
 // predicting. Element i is kept where the uniform random_uniform(0, 1) would
 // draw for it is at least rate, on either device (a GPU draws the same
-// numbers: jit/cuda_random.hpp); its gradient is the op table's.
+// numbers: backend/cuda/random.hpp); its gradient is the op table's.
 template <tensor_like X>
 Tensor dropout(X&& x_in, double rate) {
   Tensor x = eval(x_in);
@@ -133,16 +133,17 @@ Tensor dropout(X&& x_in, double rate) {
   if (!autograd::is_training() || rate == 0) return x;
   if (!is_floating(x.dtype())) fail<DTypeError>("dropout: dtype ", name(x.dtype()), " is not floating");
   autograd::op_record rec("dropout", {x});
-  auto attrs = [rate] { return graph::Attrs{{"rate", graph::attr_text(rate)}}; };
+  auto attrs = [rate] { return op::Attrs{{"rate", op::attr_text(rate)}}; };
   if (x.device().kind != DeviceKind::cuda) {
     const Tensor keep = random_uniform(x.shape(), 0, 1, x.dtype(), x.device());
     return rec.output(eval(where(keep >= rate, x / (1 - rate), 0)), attrs);
   }
   const Tensor xc = x.contiguous(), out(x.shape(), x.dtype(), x.device());
   Generator& gen = default_generator();
-  const jit::DrawParams draws{gen.advance(Generator::blocks_for(x.size())), gen.key()[0], gen.key()[1], 0, 0};
+  const backend::cuda::DrawParams draws{gen.advance(Generator::blocks_for(x.size())), gen.key()[0], gen.key()[1], 0, 0};
   push_op_on(x.device(), "dropout", {xc}, {out},
-             [xc, out, draws, kernel = jit::DropoutKernel(x.dtype(), x.size(), rate, backend::cuda::gpu(x.device().id))] {
+             [xc, out, draws,
+              kernel = backend::cuda::DropoutKernel(x.dtype(), x.size(), rate, backend::cuda::gpu(x.device().id))] {
                kernel.run(backend::cuda::gpu(out.device().id), xc.raw_data(), out.raw_data(), draws, nullptr);
              });
   return rec.output(out, attrs);
@@ -152,9 +153,9 @@ namespace op {
 
 struct flatten {
   static constexpr std::string_view name = "flatten";
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs&) { return hybra::flatten(in[0]); }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs&,
-                                                    backend::cuda::Gpu& gpu) {
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs&) { return hybra::flatten(in[0]); }
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out,
+                                                              const op::Attrs&, backend::cuda::Gpu& gpu) {
     return hybra::detail::copy_unless_view(in, out, name, gpu);
   }
   template <class G> static auto gradient(const G& g) { return g.grads(g.reshape(g.dy, g.shape(0))); }
@@ -172,7 +173,7 @@ struct fully_connected {
   static constexpr std::string_view name = "fully_connected";
   static constexpr int arity = -1;
   static constexpr bool product = true;
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs&) {
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs&) {
     if (in.size() != 2 && in.size() != 3)
       fail<ValueError>("fully_connected: takes (data, weight) or (data, weight, bias), not ", in.size(), " inputs");
     return hybra::fully_connected(in[0], in[1], in.size() == 3 ? in[2] : Tensor{});
@@ -215,21 +216,21 @@ struct fully_connected {
 struct dropout {
   static constexpr std::string_view name = "dropout";
   static constexpr bool pure = false;
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    return hybra::dropout(in[0], graph::double_attr(a, "rate", name));
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    return hybra::dropout(in[0], op::double_attr(a, "rate", name));
   }
   // Predicting (or at rate 0) it is the identity: a view, no launch.
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out, const graph::Attrs& a,
-                                                    backend::cuda::Gpu& gpu) {
-    const double rate = graph::double_attr(a, "rate", name);
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out,
+                                                              const op::Attrs& a, backend::cuda::Gpu& gpu) {
+    const double rate = op::double_attr(a, "rate", name);
     if (!autograd::is_training() || rate == 0 || !is_floating(in[0].dtype())) return std::nullopt;
-    return jit::cuda_dropout_launch(out.dtype(), out.size(), rate, gpu);
+    return backend::cuda::cuda_dropout_launch(out.dtype(), out.size(), rate, gpu);
   }
   // Training dropout's kept elements are the nonzero results (a kept zero
   // gets no gradient, which matters only where x is exactly 0).
   template <class G>
   static auto gradient(const G& g) {
-    const double rate = graph::double_attr(g.attrs, "rate", "gradient");
+    const double rate = op::double_attr(g.attrs, "rate", "gradient");
     return g.grads(g.where(g.out != 0, g.dy * (1 / (1 - rate)), 0));
   }
   static constexpr std::array<std::string_view, 1> mxnet{"Dropout"};
@@ -240,7 +241,7 @@ struct dropout {
     r.arity(1, 1);
     r.require("mode", "training", "training");  // 'always' drops while predicting too
     r.require("axes", "()", "()");              // one mask shared along axes
-    return r.make("dropout", {{"rate", graph::attr_text(r.real("p", 0.5))}});
+    return r.make("dropout", {{"rate", op::attr_text(r.real("p", 0.5))}});
   }
 };
 

@@ -17,7 +17,7 @@
 //                   which the CPU plan sizes a call     [none: bytes-bound]
 //   cuda_launch(in, out, attrs, gpu)  the op's GPU work as launches a plan
 //                   runs in its own buffers and records into a CUDA graph
-//                   (jit/cuda_launch.hpp); nullopt where the eager op must
+//                   (backend/cuda/launch.hpp); nullopt where the eager op must
 //                   run                               [none: the eager op]
 //   gradient(g)     the operands' gradients, a template over autograd's
 //                   builder `g` (g.in, g.out, g.dy, g.attrs, g.wanted, and
@@ -41,7 +41,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../graph/attrs.hpp"
+#include "attrs.hpp"
 
 namespace hybra::op {
 
@@ -90,6 +90,6 @@ concept has_cuda_launch = requires { &Op::cuda_launch; };
 // adds its node to the graph being built without naming the graph layer
 // above it (graph/symbol.hpp defines it, for S = Symbol).
 template <class S>
-S make_node(std::string name, graph::Attrs attrs, std::vector<S> inputs);
+S make_node(std::string name, op::Attrs attrs, std::vector<S> inputs);
 
 }  // namespace hybra::op

@@ -19,7 +19,7 @@
 // count), so a result is the same however many threads compute it.
 //
 // On a GPU the passes are the same; kernels/reduce.cuh computes them, in
-// the steps jit/cuda_reduce.hpp plans (sums accumulate in double there too,
+// the steps backend/cuda/reduce.hpp plans (sums accumulate in double there too,
 // in another order than here, so float sums may differ in the last bit).
 #include <algorithm>
 #include <array>
@@ -38,8 +38,8 @@
 #include "../backend/cpu/threads.hpp"
 #include "../core/creation.hpp"
 #include "../expr/evaluate.hpp"
-#include "../jit/cuda_launch.hpp"
-#include "../jit/cuda_reduce.hpp"
+#include "../backend/cuda/launch.hpp"
+#include "../backend/cuda/reduce.hpp"
 #include "layout.hpp"
 
 namespace hybra {
@@ -300,7 +300,7 @@ inline std::vector<bool> axis_mask(const Shape& shape, const std::optional<std::
   return mask;
 }
 
-using jit::Reduction;
+using backend::cuda::Reduction;
 
 // The size of kernels/reduce.cuh's accumulator of reduction r of `in`: a
 // (value, index) pair for argmax, the value for max and min, a double or a
@@ -312,13 +312,14 @@ inline i64 gpu_acc_bytes(Reduction r, DType in) {
 }
 
 // A reduction of a contiguous tensor of dtype `in` on a GPU, in the passes
-// the CPU would make (jit/cuda_reduce.hpp plans the launches).
-inline jit::CudaLaunch cuda_reduction(Reduction r, std::string_view op, DType in,
-                                      const std::vector<std::array<i64, 3>>& blocks, backend::cuda::Gpu& gpu) {
-  auto plan = std::make_shared<const jit::ReducePlan>(jit::plan_reduce(blocks, gpu_acc_bytes(r, in), gpu.info().multiprocessors));
-  return {plan->scratch_bytes,
-          [plan, op, launch = jit::cuda_reduce_launcher(r, in, gpu)](backend::cuda::Gpu& g, std::span<const void* const> x,
-                                                                     void* out, void* scratch) {
+// the CPU would make (backend/cuda/reduce.hpp plans the launches).
+inline backend::cuda::CudaLaunch cuda_reduction(Reduction r, std::string_view op, DType in,
+                                                const std::vector<std::array<i64, 3>>& blocks,
+                                                backend::cuda::Gpu& gpu) {
+  auto plan = std::make_shared<const backend::cuda::ReducePlan>(
+      backend::cuda::plan_reduce(blocks, gpu_acc_bytes(r, in), gpu.info().multiprocessors));
+  return {plan->scratch_bytes, [plan, op, launch = backend::cuda::cuda_reduce_launcher(r, in, gpu)](
+                                   backend::cuda::Gpu& g, std::span<const void* const> x, void* out, void* scratch) {
             launch(g, *plan, x[0], out, scratch, op);
           }};
 }
@@ -327,8 +328,9 @@ inline jit::CudaLaunch cuda_reduction(Reduction r, std::string_view op, DType in
 // op launches nothing (x is empty, or each result is one element of x: the
 // eager op fills or converts).
 template <Reduction K>
-std::optional<jit::CudaLaunch> cuda_reduce_launch(const Tensor& x, const std::optional<std::vector<i64>>& axes,
-                                                  std::string_view op, backend::cuda::Gpu& gpu) {
+std::optional<backend::cuda::CudaLaunch> cuda_reduce_launch(const Tensor& x,
+                                                            const std::optional<std::vector<i64>>& axes,
+                                                            std::string_view op, backend::cuda::Gpu& gpu) {
   const auto mask = axis_mask(x.shape(), axes, op);
   i64 count = 1;
   for (std::size_t d = 0; d < mask.size(); ++d)
@@ -351,8 +353,8 @@ inline std::array<i64, 3> argmax_block(const Shape& shape, std::optional<i64> ax
 
 // argmax of the contiguous x on a GPU; nullopt for an empty x (the eager op
 // launches nothing).
-inline std::optional<jit::CudaLaunch> cuda_argmax_launch(const Tensor& x, std::optional<i64> axis,
-                                                         backend::cuda::Gpu& gpu) {
+inline std::optional<backend::cuda::CudaLaunch> cuda_argmax_launch(const Tensor& x, std::optional<i64> axis,
+                                                                   backend::cuda::Gpu& gpu) {
   if (x.size() == 0) return std::nullopt;
   return cuda_reduction(Reduction::argmax, "argmax", x.dtype(), {argmax_block(x.shape(), axis)}, gpu);
 }
@@ -413,7 +415,8 @@ Tensor reduce(const Tensor& x, const std::optional<std::vector<i64>>& axes, bool
   const Tensor xc = x.contiguous();
   Tensor out(out_shape, out_dtype, x.device());
   if (x.device().kind == DeviceKind::cuda) {
-    jit::push_cuda_launch(op, {xc}, out, *cuda_reduce_launch<K>(xc, axes, op, backend::cuda::gpu(x.device().id)));
+    backend::cuda::push_cuda_launch(op, {xc}, out,
+                                    *cuda_reduce_launch<K>(xc, axes, op, backend::cuda::gpu(x.device().id)));
     return out;
   }
   push_op(op, {xc}, {out}, [xc, out, runs = collapse(shape, mask), count] {
@@ -441,8 +444,8 @@ class Axes {
 };
 
 // A reduction's node attributes (op::sum and the others read them back).
-inline graph::Attrs reduce_attrs(const Axes& axes, bool keepdims) {
-  return {{"axis", graph::attr_text(axes.list())}, {"keepdims", graph::attr_text(keepdims)}};
+inline op::Attrs reduce_attrs(const Axes& axes, bool keepdims) {
+  return {{"axis", op::attr_text(axes.list())}, {"keepdims", op::attr_text(keepdims)}};
 }
 
 // Sum; integers sum to int64, floats keep their dtype; an empty sum is 0.
@@ -505,7 +508,8 @@ Tensor argmax(X&& x_in, std::optional<std::int64_t> axis = std::nullopt, bool ke
   if (R == 0) fail<ValueError>("argmax: cannot reduce a zero-size axis of shape ", to_string(shape), " (argmax has no identity)");
   const Tensor xc = x.contiguous();
   if (xc.device().kind == DeviceKind::cuda) {
-    jit::push_cuda_launch("argmax", {xc}, out, *detail::reduce::cuda_argmax_launch(xc, axis, backend::cuda::gpu(xc.device().id)));
+    backend::cuda::push_cuda_launch("argmax", {xc}, out,
+                                    *detail::reduce::cuda_argmax_launch(xc, axis, backend::cuda::gpu(xc.device().id)));
     return out;
   }
   push_op("argmax", {xc}, {out}, [xc, out, O = O, R = R, I = I] {
@@ -523,29 +527,29 @@ Tensor argmax(X&& x_in, std::optional<std::int64_t> axis = std::nullopt, bool ke
 
 namespace detail::reduce {
 // A reduction's node attributes as ops/op.hpp's facets read them.
-inline Axes axes_attr(const graph::Attrs& a, std::string_view op) {
-  auto axes = graph::optional_tuple_attr(a, "axis", op);
+inline Axes axes_attr(const op::Attrs& a, std::string_view op) {
+  auto axes = op::optional_tuple_attr(a, "axis", op);
   return axes ? Axes(*axes) : Axes();
 }
 // The four reductions share their attributes (axis, keepdims) and their MXNet form.
 template <Reduction K>
 struct reduction {
-  static constexpr std::string_view name = jit::detail::reduction_name(K);
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    return reduce<K>(in[0], axes_attr(a, name).list(), graph::bool_attr(a, "keepdims", name), name);
+  static constexpr std::string_view name = backend::cuda::detail::reduction_name(K);
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    return reduce<K>(in[0], axes_attr(a, name).list(), op::bool_attr(a, "keepdims", name), name);
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
-                                                    backend::cuda::Gpu& gpu) {
-    return cuda_reduce_launch<K>(in[0], graph::optional_tuple_attr(a, "axis", name), name, gpu);
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&,
+                                                              const op::Attrs& a, backend::cuda::Gpu& gpu) {
+    return cuda_reduce_launch<K>(in[0], op::optional_tuple_attr(a, "axis", name), name, gpu);
   }
   static constexpr std::array<std::string_view, 1> mxnet{name};
   template <class W>
   static auto write(const W& w) {
-    graph::Attrs a;
+    op::Attrs a;
     const std::string axis = w.attr("axis");
     if (axis == "()") w.reject("reduces no axis");
     if (axis != "None") a.emplace_back("axis", axis);
-    a.emplace_back("keepdims", w.bool_text(graph::parse_bool(w.attr("keepdims"), name)));
+    a.emplace_back("keepdims", w.bool_text(op::parse_bool(w.attr("keepdims"), name)));
     return w.keep_all(std::string(name), std::move(a));
   }
   template <class R>
@@ -553,8 +557,8 @@ struct reduction {
     r.arity(1, 1);
     if (r.flag("exclude", false)) r.reject("exclude=True is not supported");
     auto axis = r.tuple("axis");
-    return r.make(std::string(name), {{"axis", axis && !axis->empty() ? graph::attr_text(*axis) : "None"},
-                                      {"keepdims", graph::attr_text(r.flag("keepdims", false))}});
+    return r.make(std::string(name), {{"axis", axis && !axis->empty() ? op::attr_text(*axis) : "None"},
+                                      {"keepdims", op::attr_text(r.flag("keepdims", false))}});
   }
   // The minimum and maximum: the gradient goes to the elements equal to the
   // result, shared equally among ties.
@@ -569,49 +573,49 @@ struct reduction {
 
 namespace op {
 
-struct sum : hybra::detail::reduce::reduction<jit::Reduction::sum> {
+struct sum : hybra::detail::reduce::reduction<backend::cuda::Reduction::sum> {
   template <class G> static auto gradient(const G& g) {
     return g.grads(g.broadcast_to(g.keep_reduced_axes(g.dy), g.shape(0)));
   }
 };
-struct mean : hybra::detail::reduce::reduction<jit::Reduction::mean> {
+struct mean : hybra::detail::reduce::reduction<backend::cuda::Reduction::mean> {
   template <class G> static auto gradient(const G& g) {
     const double count = static_cast<double>(checked_numel(g.shape(0))) /
                          static_cast<double>(std::max<std::int64_t>(1, checked_numel(g.out.shape())));
     return g.grads(g.broadcast_to(g.keep_reduced_axes(g.dy), g.shape(0)) / count);
   }
 };
-struct max : hybra::detail::reduce::reduction<jit::Reduction::max> {
+struct max : hybra::detail::reduce::reduction<backend::cuda::Reduction::max> {
   template <class G> static auto gradient(const G& g) { return extreme_gradient(g); }
 };
-struct min : hybra::detail::reduce::reduction<jit::Reduction::min> {
+struct min : hybra::detail::reduce::reduction<backend::cuda::Reduction::min> {
   template <class G> static auto gradient(const G& g) { return extreme_gradient(g); }
 };
 
 struct argmax {
   static constexpr std::string_view name = "argmax";
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    return hybra::argmax(in[0], graph::optional_int_attr(a, "axis", name), graph::bool_attr(a, "keepdims", name));
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    return hybra::argmax(in[0], op::optional_int_attr(a, "axis", name), op::bool_attr(a, "keepdims", name));
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
-                                                    backend::cuda::Gpu& gpu) {
-    return hybra::detail::reduce::cuda_argmax_launch(in[0], graph::optional_int_attr(a, "axis", name), gpu);
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&,
+                                                              const op::Attrs& a, backend::cuda::Gpu& gpu) {
+    return hybra::detail::reduce::cuda_argmax_launch(in[0], op::optional_int_attr(a, "axis", name), gpu);
   }
   // An index: no gradient flows through it.
   template <class G> static auto gradient(const G& g) { return g.grads(); }
   static constexpr std::array<std::string_view, 1> mxnet{"argmax"};
   template <class W>
   static auto write(const W& w) {
-    graph::Attrs a;
+    op::Attrs a;
     if (w.attr("axis") != "None") a.emplace_back("axis", w.attr("axis"));
-    a.emplace_back("keepdims", w.bool_text(graph::parse_bool(w.attr("keepdims"), name)));
+    a.emplace_back("keepdims", w.bool_text(op::parse_bool(w.attr("keepdims"), name)));
     return w.keep_all("argmax", std::move(a));
   }
   template <class R>
   static auto read(const R& r) {
     r.arity(1, 1);
-    auto axis = r.parsed("axis", [](std::string_view t) { return graph::parse_int(t, "axis"); });
-    return r.make("argmax", {{"axis", graph::attr_text(axis)}, {"keepdims", graph::attr_text(r.flag("keepdims", false))}});
+    auto axis = r.parsed("axis", [](std::string_view t) { return op::parse_int(t, "axis"); });
+    return r.make("argmax", {{"axis", op::attr_text(axis)}, {"keepdims", op::attr_text(r.flag("keepdims", false))}});
   }
 };
 

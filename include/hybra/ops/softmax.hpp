@@ -111,14 +111,15 @@ inline std::array<i64, 3> softmax_block(const Shape& shape, std::int64_t axis, s
 // op launches nothing of its own (x is empty, or an integer dtype the eager
 // op converts first).
 template <bool Log>
-std::optional<jit::CudaLaunch> cuda_softmax_launch(const Tensor& x, std::int64_t axis, std::string_view op,
-                                                   backend::cuda::Gpu& gpu) {
+std::optional<backend::cuda::CudaLaunch> cuda_softmax_launch(const Tensor& x, std::int64_t axis, std::string_view op,
+                                                             backend::cuda::Gpu& gpu) {
   const auto [O, R, I] = softmax_block(x.shape(), axis, op);
   if (x.size() == 0 || !is_floating(x.dtype())) return std::nullopt;
-  return jit::CudaLaunch{0, [O = O, R = R, I = I, op, launch = jit::cuda_softmax_launcher(Log, x.dtype(), gpu)](
-                                backend::cuda::Gpu& g, std::span<const void* const> in, void* out, void*) {
-                           launch(g, in[0], out, O, R, I, op);
-                         }};
+  return backend::cuda::CudaLaunch{
+      0, [O = O, R = R, I = I, op, launch = backend::cuda::cuda_softmax_launcher(Log, x.dtype(), gpu)](
+             backend::cuda::Gpu& g, std::span<const void* const> in, void* out, void*) {
+        launch(g, in[0], out, O, R, I, op);
+      }};
 }
 
 template <bool Log>
@@ -130,7 +131,8 @@ Tensor run(Tensor x, std::int64_t axis, std::string_view op) {
   Tensor out(x.shape(), x.dtype(), x.device());
   if (out.size() == 0) return out;
   if (x.device().kind == DeviceKind::cuda) {
-    jit::push_cuda_launch(op, {x}, out, *cuda_softmax_launch<Log>(x, axis, op, backend::cuda::gpu(x.device().id)));
+    backend::cuda::push_cuda_launch(op, {x}, out,
+                                    *cuda_softmax_launch<Log>(x, axis, op, backend::cuda::gpu(x.device().id)));
     return out;
   }
   push_op(op, {x}, {out}, [x, out, O = O, R = R, I = I] {
@@ -166,14 +168,14 @@ namespace detail::softmax {
 template <bool Log>
 struct entry {
   static constexpr std::string_view name = Log ? "log_softmax" : "softmax";
-  static Tensor eval(std::span<const Tensor> in, const graph::Attrs& a) {
-    const std::int64_t axis = graph::int_attr(a, "axis", name);
+  static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
+    const std::int64_t axis = op::int_attr(a, "axis", name);
     if constexpr (Log) return hybra::log_softmax(in[0], axis);
     else return hybra::softmax(in[0], axis);
   }
-  static std::optional<jit::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&, const graph::Attrs& a,
-                                                    backend::cuda::Gpu& gpu) {
-    return cuda_softmax_launch<Log>(in[0], graph::int_attr(a, "axis", name), name, gpu);
+  static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor&,
+                                                              const op::Attrs& a, backend::cuda::Gpu& gpu) {
+    return cuda_softmax_launch<Log>(in[0], op::int_attr(a, "axis", name), name, gpu);
   }
   static constexpr std::array<std::string_view, 1> mxnet{name};
   template <class W> static auto write(const W& w) { return w.keep_all(std::string(name), {{"axis", w.attr("axis")}}); }
@@ -181,7 +183,7 @@ struct entry {
   static auto read(const R& r) {
     r.arity(1, 1);
     if (r.attr("temperature") && r.real("temperature", 1) != 1) r.reject("temperature is not supported");
-    return r.make(std::string(name), {{"axis", graph::attr_text(r.integer("axis", -1))}});
+    return r.make(std::string(name), {{"axis", op::attr_text(r.integer("axis", -1))}});
   }
 };
 }  // namespace detail::softmax

@@ -6,11 +6,14 @@
 #include <tuple>
 #include <type_traits>
 
+#include "batch_norm.hpp"
 #include "conv_backward.hpp"
 #include "cumsum.hpp"
 #include "elementwise.hpp"
 #include "linalg.hpp"
 #include "op.hpp"
+#include "pool.hpp"
+#include "pool_backward.hpp"
 #include "reduce.hpp"
 #include "softmax.hpp"
 

@@ -14,7 +14,9 @@
 // A device-side error is reported by the first such wait, naming the op
 // whose work the fence ends. With synchronous ops (HYBRA_CUDA_SYNC=1) the
 // worker waits for the stream after each op instead, so such an error fails
-// the very op that caused it (run_op).
+// the very op that caused it (run_op). The engine reaches all this through
+// its own interface (engine/gpu_work.hpp), which the end of this file
+// implements.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -32,13 +34,14 @@
 #include <vector>
 
 #include "../../core/device.hpp"
+#include "../../engine/gpu_work.hpp"
 #include "driver.hpp"
 #include "memory.hpp"
 
 namespace hybra::backend::cuda {
 
 class Fence;
-using FencePtr = std::shared_ptr<const Fence>;
+using engine::FencePtr;
 
 class Gpu {
  public:
@@ -70,7 +73,7 @@ class Gpu {
   void bind() const { cu_.check(cu_.cuCtxSetCurrent(context_), "cuCtxSetCurrent"); }
 
   // Kernel `name` of a PTX program; each program is loaded into this GPU
-  // once. Kernel names are unique to their code (jit/cuda_source.hpp names
+  // once. Kernel names are unique to their code (expr/cuda_elementwise.hpp names
   // them by a hash).
   CUfunction function(const std::string& ptx, const std::string& name) {
     std::lock_guard g(modules_mutex_);
@@ -241,17 +244,17 @@ class Gpu {
 // holder lets go. wait() blocks the calling thread until the work is done;
 // when the device reports an error instead, that wait and every later one
 // throws the same DeviceError, naming the op.
-class Fence {
+class Fence final : public engine::Fence {
  public:
   Fence(Gpu& gpu, CUevent event, std::string op) : gpu_(gpu), event_(event), op_(std::move(op)) {}
   Fence(const Fence&) = delete;
   Fence& operator=(const Fence&) = delete;
-  ~Fence() { gpu_.recycle(event_); }
+  ~Fence() override { gpu_.recycle(event_); }
 
-  int gpu() const { return gpu_.id_; }
+  int gpu() const override { return gpu_.id_; }
   CUevent event() const { return event_; }
 
-  void wait() const {
+  void wait() const override {
     std::lock_guard g(mutex_);
     if (!done_) {
       gpu_.bind();
@@ -355,8 +358,10 @@ FencePtr run_op(int id, std::string_view name, std::span<const FencePtr> after, 
   Gpu& g = gpu(id);
   g.bind();
   try {
+    // Every fence a GPU op gets is one of these: the engine's fences are
+    // made by fence_after alone.
     for (const FencePtr& f : after)
-      if (f->gpu() != id) g.wait_on_stream(*f);
+      if (f->gpu() != id) g.wait_on_stream(static_cast<const Fence&>(*f));
     std::forward<F>(fn)();
     if (synchronous_ops()) g.synchronize(hybra::detail::concat("of op '", name, "'"));
     return g.fence_after(name);
@@ -365,5 +370,27 @@ FencePtr run_op(int id, std::string_view name, std::span<const FencePtr> after, 
     throw;
   }
 }
+
+namespace detail {
+
+class EngineGpuWork final : public engine::GpuWork {
+ public:
+  void require(int id) override { (void)gpu(id); }
+  FencePtr run(int id, std::string_view op, std::span<const FencePtr> after, engine::detail::Task& fn) override {
+    return run_op(id, op, after, fn);
+  }
+  void drain_at_exit(void (*drain)()) override { exit_drain().store(drain); }
+};
+
+// Registered during static initialisation, before any code of the program's
+// own that a translation unit including this file defines after it; never
+// destroyed, as the engine of the process may call it at exit.
+inline const bool engine_gpu_work_registered = [] {
+  static EngineGpuWork* const work = new EngineGpuWork;
+  engine::gpu_work_slot().store(work, std::memory_order_release);
+  return true;
+}();
+
+}  // namespace detail
 
 }  // namespace hybra::backend::cuda

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "../backend/cuda/nvrtc.hpp"
+#include "nvrtc.hpp"
 #include "kernel_cache.hpp"
 
-namespace hybra::jit {
+namespace hybra::backend::cuda {
 
 // The directory that holds hybra/ (the one consumers put on their include
 // path), for NVRTC's -I: generated kernels include hybra's headers. Where
@@ -30,7 +30,10 @@ inline const std::string& hybra_include_dir() {
                     "that holds hybra's headers (hybra/), which NVRTC compiles into kernels");
       return std::string(v);
     }
-    return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
+    // __FILE__ is this header as the compiler first opened it, perhaps
+    // through "..": <dir>/hybra/backend/cuda/ptx.hpp once normalised.
+    const std::filesystem::path self = std::filesystem::path(__FILE__).lexically_normal();
+    return self.parent_path().parent_path().parent_path().parent_path().string();
   }();
   return dir;
 }
@@ -121,4 +124,4 @@ const std::string& program_ptx(const std::string& name, const std::string& arch,
   return it->second.ptx;
 }
 
-}  // namespace hybra::jit
+}  // namespace hybra::backend::cuda

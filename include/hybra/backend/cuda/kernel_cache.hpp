@@ -34,7 +34,7 @@
 #include <utility>
 #include <vector>
 
-namespace hybra::jit {
+namespace hybra::backend::cuda {
 
 inline std::uint64_t fnv1a64(std::string_view bytes) {
   std::uint64_t h = 0xcbf29ce484222325ULL;
@@ -199,4 +199,4 @@ class KernelCache {
   Stats stats_;
 };
 
-}  // namespace hybra::jit
+}  // namespace hybra::backend::cuda

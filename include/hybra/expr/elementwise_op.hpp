@@ -1,7 +1,7 @@
 #pragma once
 // One elementwise op of the table on tensors, the op chosen at run time: a
 // fused program of one instruction, run by the CPU's fused loop
-// (backend/cpu/fused_loop.hpp) or as a kernel on a GPU (jit/cuda_eager.hpp).
+// (backend/cpu/fused_loop.hpp) or as a kernel on a GPU (expr/cuda_eager.hpp).
 // A graph's lone elementwise node runs this way (graph/registry.hpp), and so
 // does each node of an eager expression evaluated node by node (mixed dtypes,
 // autograd: expr/evaluate.hpp), so that those paths compile once instead of

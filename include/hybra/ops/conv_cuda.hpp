@@ -4,7 +4,7 @@
 // kernels/batch_norm.cuh; this file plans the convolutions' steps, writes
 // the __global__ entries NVRTC compiles with that code (one program per op
 // family and dtype, compiled once, through the kernel cache), and returns
-// each op's work as a CudaLaunch (cuda_launch.hpp), which the eager ops
+// each op's work as a backend::cuda::CudaLaunch (cuda_launch.hpp), which the eager ops
 // (ops/conv.hpp, ops/conv_backward.hpp) and captured plans run.
 //
 // A convolution is GEMMs around kernels that move data, for a chunk of
@@ -27,12 +27,12 @@
 #include "../backend/cuda/cublas.hpp"
 #include "../backend/cuda/gpu.hpp"
 #include "../core/dtype.hpp"
-#include "../ops/conv_geometry.hpp"
-#include "cuda_launch.hpp"
-#include "cuda_ptx.hpp"
-#include "cuda_source.hpp"
+#include "conv_geometry.hpp"
+#include "../backend/cuda/launch.hpp"
+#include "../backend/cuda/ptx.hpp"
+#include "../backend/cuda/source.hpp"
 
-namespace hybra::jit {
+namespace hybra::detail::nn {
 
 using Conv2dGeometry = hybra::detail::nn::Conv2dGeometry;
 using Pool2dGeometry = hybra::detail::nn::Pool2dGeometry;
@@ -63,7 +63,7 @@ struct ConvStep {
   ConvKernel kernel = ConvKernel::im2col;
   ConvOperand a, b, c;
   std::int64_t images = 0;
-  ElementwiseGrid grid{0, 0};
+  backend::cuda::ElementwiseGrid grid{0, 0};
   bool trans_a = false, trans_b = false, accumulate = false;
   std::int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
 };
@@ -94,8 +94,12 @@ inline ConvPlan plan_conv2d(ConvPass pass, const Conv2dGeometry& g, bool bias, i
   auto result = [](i64 offset) { return ConvOperand{B::result, 0, offset}; };
   auto scratch = [](i64 offset) { return ConvOperand{B::scratch, 0, offset}; };
   auto kernel = [&](ConvKernel k, ConvOperand a, ConvOperand b, ConvOperand c, i64 images, i64 elements) {
-    plan.steps.push_back(
-        ConvStep{.kernel = k, .a = a, .b = b, .c = c, .images = images, .grid = grid_over(elements, multiprocessors)});
+    plan.steps.push_back(ConvStep{.kernel = k,
+                                  .a = a,
+                                  .b = b,
+                                  .c = c,
+                                  .images = images,
+                                  .grid = backend::cuda::grid_over(elements, multiprocessors)});
   };
   auto gemm = [&](bool trans_a, bool trans_b, i64 M, i64 N, i64 K_, ConvOperand a, i64 lda, ConvOperand b, i64 ldb,
                   ConvOperand c, i64 ldc, bool accumulate) {
@@ -180,8 +184,6 @@ void run_conv_plan(const ConvPlan& plan, std::span<const void* const> in, void* 
   }
 }
 
-namespace detail {
-
 inline std::string_view conv_kernel_name(ConvKernel k) {
   switch (k) {
     case ConvKernel::im2col: return "im2col";
@@ -193,16 +195,14 @@ inline std::string_view conv_kernel_name(ConvKernel k) {
   return "?";
 }
 
-}  // namespace detail
-
 inline std::string conv_entry(ConvKernel k, DType t) {
-  return hybra::detail::concat("hybra_conv_", detail::conv_kernel_name(k), '_', name(t));
+  return hybra::detail::concat("hybra_conv_", conv_kernel_name(k), '_', name(t));
 }
 
 // The NVRTC program of the convolutions of one floating dtype: an entry per
 // ConvKernel, all with the parameters (a, b, c, geometry, images).
 inline std::string cuda_conv_program(DType t) {
-  const std::string T(cuda_type(t));
+  const std::string T(backend::cuda::cuda_type(t));
   std::string source = "#include <kernels/conv.cuh>\n";
   for (ConvKernel k : {ConvKernel::im2col, ConvKernel::conv_output, ConvKernel::filters_major, ConvKernel::col2im,
                        ConvKernel::fill_zero}) {
@@ -212,7 +212,7 @@ inline std::string cuda_conv_program(DType t) {
     source += hybra::detail::concat("\nextern \"C\" __global__ void __launch_bounds__(256) ", conv_entry(k, t),
                                     "(const ", T, "* a, const ", T, "* b, ", T,
                                     "* c, hybra::kernels::conv_geometry g, long long images) {\n  hybra::kernels::",
-                                    detail::conv_kernel_name(k), call, ";\n}\n");
+                                    conv_kernel_name(k), call, ";\n}\n");
   }
   return source;
 }
@@ -220,10 +220,10 @@ inline std::string cuda_conv_program(DType t) {
 // The op's work for a pass of the convolution g in dtype t (float32 or
 // float64) on a GPU: the program is compiled at the call (a compile error is
 // the caller's), the steps planned for this GPU.
-inline CudaLaunch cuda_conv2d_launch(ConvPass pass, const Conv2dGeometry& g, bool bias, DType t,
-                                     backend::cuda::Gpu& gpu) {
-  const std::string& ptx = program_ptx(hybra::detail::concat("hybra_conv_", name(t)), gpu.arch(),
-                                       [&] { return cuda_conv_program(t); });
+inline backend::cuda::CudaLaunch cuda_conv2d_launch(ConvPass pass, const Conv2dGeometry& g, bool bias, DType t,
+                                                    backend::cuda::Gpu& gpu) {
+  const std::string& ptx = backend::cuda::program_ptx(hybra::detail::concat("hybra_conv_", name(t)), gpu.arch(),
+                                                      [&] { return cuda_conv_program(t); });
   auto plan = std::make_shared<const ConvPlan>(plan_conv2d(pass, g, bias, gpu.info().multiprocessors));
   const std::string_view what = pass == ConvPass::forward         ? "conv2d"
                                 : pass == ConvPass::backward_data ? "conv2d_backward_data"
@@ -271,7 +271,7 @@ inline bool disjoint_windows(const Pool2dGeometry& g) {
 // forward (x, -, y) and backward (dy, x, dx), all with the parameters (a, b,
 // out, geometry, count_include_pad).
 inline std::string cuda_pool_program(DType t) {
-  const std::string T(cuda_type(t));
+  const std::string T(backend::cuda::cuda_type(t));
   std::string source = "#include <kernels/pool.cuh>\n";
   for (bool backward : {false, true})
     for (bool max : {true, false})
@@ -289,15 +289,15 @@ inline std::string cuda_pool_program(DType t) {
 
 // The op's work for a pooling of geometry g (max or average; backward: its
 // gradient, whose operands are (dy, x)) in dtype t on a GPU.
-inline CudaLaunch cuda_pool2d_launch(bool max, bool backward, const Pool2dGeometry& g, bool count_include_pad, DType t,
-                                     backend::cuda::Gpu& gpu) {
-  const std::string& ptx = program_ptx(hybra::detail::concat("hybra_pool_", name(t)), gpu.arch(),
-                                       [&] { return cuda_pool_program(t); });
+inline backend::cuda::CudaLaunch cuda_pool2d_launch(bool max, bool backward, const Pool2dGeometry& g,
+                                                    bool count_include_pad, DType t, backend::cuda::Gpu& gpu) {
+  const std::string& ptx = backend::cuda::program_ptx(hybra::detail::concat("hybra_pool_", name(t)), gpu.arch(),
+                                                      [&] { return cuda_pool_program(t); });
   // A max pool's gradient over disjoint windows: zero dx, then a thread per window.
   const bool per_window = max && backward && disjoint_windows(g);
   const std::int64_t elements = backward && !per_window ? g.N * g.C * g.H * g.W : g.N * g.C * g.OH * g.OW;
   const std::size_t dx_bytes = per_window ? static_cast<std::size_t>(g.N * g.C * g.H * g.W) * size_of(t) : 0;
-  const ElementwiseGrid grid = grid_over(elements, gpu.info().multiprocessors);
+  const backend::cuda::ElementwiseGrid grid = backend::cuda::grid_over(elements, gpu.info().multiprocessors);
   std::string entry = per_window ? disjoint_max_pool_backward_entry(t) : pool_entry(max, backward, t);
   return {0, [&ptx, g, count_include_pad, backward, elements, dx_bytes, grid, entry = std::move(entry)](
                  backend::cuda::Gpu& gpu, std::span<const void* const> in, void* out, void*) {
@@ -320,7 +320,7 @@ inline std::string batch_norm_entry(DType t) { return hybra::detail::concat("hyb
 // The NVRTC program of batch_norm's inference form of one floating dtype:
 // one entry (x, gamma, beta, mean, var, y, outer, C, inner, eps).
 inline std::string cuda_batch_norm_program(DType t) {
-  const std::string T(cuda_type(t));
+  const std::string T(backend::cuda::cuda_type(t));
   return hybra::detail::concat("#include <kernels/batch_norm.cuh>\n\nextern \"C\" __global__ void __launch_bounds__(256) ",
                                batch_norm_entry(t), "(const ", T, "* x, const ", T, "* gamma, const ", T, "* beta, const ",
                                T, "* mean, const ", T, "* var, ", T,
@@ -330,10 +330,11 @@ inline std::string cuda_batch_norm_program(DType t) {
 
 // batch_norm of x seen as (outer, C, inner), operands (x, gamma, beta,
 // running_mean, running_var), in dtype t on a GPU.
-inline CudaLaunch cuda_batch_norm_launch(std::int64_t outer, std::int64_t C, std::int64_t inner, double eps, DType t,
-                                         backend::cuda::Gpu& gpu) {
-  const std::string& ptx = program_ptx(batch_norm_entry(t), gpu.arch(), [&] { return cuda_batch_norm_program(t); });
-  const ElementwiseGrid grid = grid_over(outer * C * inner, gpu.info().multiprocessors);
+inline backend::cuda::CudaLaunch cuda_batch_norm_launch(std::int64_t outer, std::int64_t C, std::int64_t inner,
+                                                        double eps, DType t, backend::cuda::Gpu& gpu) {
+  const std::string& ptx =
+      backend::cuda::program_ptx(batch_norm_entry(t), gpu.arch(), [&] { return cuda_batch_norm_program(t); });
+  const backend::cuda::ElementwiseGrid grid = backend::cuda::grid_over(outer * C * inner, gpu.info().multiprocessors);
   return {0, [&ptx, outer, C, inner, eps, t, grid](backend::cuda::Gpu& gpu, std::span<const void* const> in, void* out,
                                                    void*) {
             if (outer * C * inner == 0) return;
@@ -345,4 +346,4 @@ inline CudaLaunch cuda_batch_norm_launch(std::int64_t outer, std::int64_t C, std
           }};
 }
 
-}  // namespace hybra::jit
+}  // namespace hybra::detail::nn

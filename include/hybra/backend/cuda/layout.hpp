@@ -12,13 +12,13 @@
 #include <string_view>
 #include <vector>
 
-#include "../backend/cuda/gpu.hpp"
-#include "../core/tensor.hpp"
-#include "../engine/push.hpp"
-#include "cuda_launch.hpp"
-#include "cuda_ptx.hpp"
+#include "gpu.hpp"
+#include "../../core/tensor.hpp"
+#include "../../engine/push.hpp"
+#include "launch.hpp"
+#include "ptx.hpp"
 
-namespace hybra::jit {
+namespace hybra::backend::cuda {
 
 // kernels/copy.cuh's copy_layout, as the host passes it.
 inline constexpr int copy_max_axes = 6;
@@ -165,15 +165,15 @@ inline CudaLaunch gather_views_first(CudaLaunch launch, std::span<const Tensor> 
   return gathered;
 }
 
-}  // namespace hybra::jit
+}  // namespace hybra::backend::cuda
 
 namespace hybra::detail {
 
 // Queues copying src into dst on their GPU: one dtype, any layouts.
 inline void push_copy_cuda(const Tensor& src, const Tensor& dst) {
   backend::cuda::Gpu& gpu = backend::cuda::gpu(dst.device().id);
-  jit::LayoutCopy copy(src, dst, 0, "copy", gpu.info().multiprocessors);
-  push_op_on(dst.device(), "copy", {src}, {dst}, [src, dst, copy, &ptx = jit::copy_ptx(gpu)] {
+  backend::cuda::LayoutCopy copy(src, dst, 0, "copy", gpu.info().multiprocessors);
+  push_op_on(dst.device(), "copy", {src}, {dst}, [src, dst, copy, &ptx = backend::cuda::copy_ptx(gpu)] {
     copy.run(backend::cuda::gpu(dst.device().id), ptx, src.raw_data(), dst.raw_data(), "copy");
   });
 }

@@ -7,15 +7,15 @@
 #include <span>
 #include <string>
 
-#include "../backend/cuda/gpu.hpp"
-#include "../core/random.hpp"
-#include "../core/tensor.hpp"
-#include "../engine/push.hpp"
-#include "cuda_launch.hpp"
-#include "cuda_ptx.hpp"
-#include "cuda_source.hpp"
+#include "gpu.hpp"
+#include "../../core/random.hpp"
+#include "../../core/tensor.hpp"
+#include "../../engine/push.hpp"
+#include "launch.hpp"
+#include "ptx.hpp"
+#include "source.hpp"
 
-namespace hybra::jit {
+namespace hybra::backend::cuda {
 
 // kernels/random.cuh's draw_params, as the host passes it.
 struct DrawParams {
@@ -87,24 +87,25 @@ inline CudaLaunch cuda_dropout_launch(DType t, std::int64_t count, double rate, 
   return launch;
 }
 
-}  // namespace hybra::jit
+}  // namespace hybra::backend::cuda
 
 namespace hybra::detail {
 
 inline void push_draws_cuda(const Tensor& t, bool normal, double a, double b, std::array<std::uint32_t, 2> key,
                             std::uint64_t first, const char* op) {
   backend::cuda::Gpu& gpu = backend::cuda::gpu(t.device().id);
-  const std::string& ptx = jit::random_ptx(gpu);
-  const jit::ElementwiseGrid grid = jit::grid_over(Generator::blocks_for(t.size()), gpu.info().multiprocessors);
-  const jit::DrawParams params{first, key[0], key[1], a, b};
+  const std::string& ptx = backend::cuda::random_ptx(gpu);
+  const backend::cuda::ElementwiseGrid grid =
+      backend::cuda::grid_over(Generator::blocks_for(t.size()), gpu.info().multiprocessors);
+  const backend::cuda::DrawParams params{first, key[0], key[1], a, b};
   push_op_on(t.device(), op, {}, {t}, [t, normal, params, grid, &ptx, op] {
     if (t.size() == 0) return;
     backend::cuda::Gpu& g = backend::cuda::gpu(t.device().id);
     void* out = t.raw_data();
     long long count = t.size();
-    jit::DrawParams p = params;
+    backend::cuda::DrawParams p = params;
     void* args[] = {&out, &count, &p};
-    g.launch_grid(g.function(ptx, jit::random_entry(normal, t.dtype())), grid.blocks, grid.threads, args, op);
+    g.launch_grid(g.function(ptx, backend::cuda::random_entry(normal, t.dtype())), grid.blocks, grid.threads, args, op);
   });
 }
 

@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "../backend/cuda/gpu.hpp"
-#include "../core/dtype.hpp"
-#include "cuda_ptx.hpp"
-#include "cuda_source.hpp"
+#include "gpu.hpp"
+#include "../../core/dtype.hpp"
+#include "ptx.hpp"
+#include "source.hpp"
 
-namespace hybra::jit {
+namespace hybra::backend::cuda {
 
 enum class Reduction { sum, mean, max, min, argmax };
 
@@ -235,4 +235,4 @@ inline auto cuda_softmax_launcher(bool log, DType t, backend::cuda::Gpu& gpu) {
   };
 }
 
-}  // namespace hybra::jit
+}  // namespace hybra::backend::cuda

@@ -13,11 +13,11 @@
 #include <string_view>
 #include <vector>
 
-#include "../backend/cuda/gpu.hpp"
-#include "../core/tensor.hpp"
-#include "../engine/push.hpp"
+#include "gpu.hpp"
+#include "../../core/tensor.hpp"
+#include "../../engine/push.hpp"
 
-namespace hybra::jit {
+namespace hybra::backend::cuda {
 
 struct CudaLaunch {
   std::int64_t scratch_bytes = 0;
@@ -62,4 +62,4 @@ inline void push_cuda_launch(std::string_view op, const std::vector<Tensor>& inp
   });
 }
 
-}  // namespace hybra::jit
+}  // namespace hybra::backend::cuda

@@ -6,7 +6,9 @@
 // tensor points at the node that made it, and each node holds its operands,
 // so the recorded graph lives exactly as long as the tensors computed from it.
 // backward() (autograd/backward.hpp) walks it from the head back to the
-// leaves that attach_grad() marked.
+// leaves that attach_grad() marked. It sits in ops/, below expr/, since
+// every eager op and expression records itself here; the namespace is the
+// user's (autograd::record), as for core/mode.hpp's flag.
 //
 // Ops record from their public function, after their operands are evaluated:
 //   autograd::op_record rec("sum", {x});      // pauses recording inside the op
@@ -22,8 +24,8 @@
 #include <vector>
 
 #include "../core/creation.hpp"
-#include "../graph/attrs.hpp"
 #include "../core/mode.hpp"
+#include "attrs.hpp"
 
 namespace hybra::autograd {
 
@@ -42,7 +44,7 @@ inline GradReq parse_grad_req(std::string_view req, std::string_view who) {
 // entries), so a node never owns itself.
 struct Node {
   std::string op;  // a registry op, or a description when `backward` is set
-  graph::Attrs attrs;
+  op::Attrs attrs;
   std::vector<Tensor> inputs;
   std::vector<bool> weak;  // inputs that were C++ scalars (0-d tensors of their dtype)
   std::vector<Tensor> outputs;
@@ -105,7 +107,7 @@ class pause : detail::recording_scope {
 
 // Makes `outputs` the results of a new node that has `backward` as its rule
 // (or the registry's rule of `op` when `backward` is empty).
-inline void record_node(std::string op, graph::Attrs attrs, std::vector<Tensor> inputs, std::vector<bool> weak,
+inline void record_node(std::string op, op::Attrs attrs, std::vector<Tensor> inputs, std::vector<bool> weak,
                         std::span<Tensor> outputs,
                         std::function<std::vector<Tensor>(std::span<const Tensor>)> backward = {}) {
   auto node = std::make_shared<Node>();
@@ -151,7 +153,7 @@ class op_record {
     return out;
   }
   Tensor output(Tensor out) {
-    return output(std::move(out), [] { return graph::Attrs{}; });
+    return output(std::move(out), [] { return op::Attrs{}; });
   }
   // For an op with no registry entry: its own rule.
   Tensor output_with_rule(Tensor out, std::function<std::vector<Tensor>(std::span<const Tensor>)> backward) {

@@ -15,7 +15,7 @@
 #include "../core/error.hpp"
 #include "../core/shape.hpp"
 
-namespace hybra::graph {
+namespace hybra::op {
 
 using Attrs = std::vector<std::pair<std::string, std::string>>;
 
@@ -107,4 +107,4 @@ inline Shape shape_attr(const Attrs& a, std::string_view key, std::string_view o
   return Shape(s.begin(), s.end());
 }
 
-}  // namespace hybra::graph
+}  // namespace hybra::op

@@ -21,23 +21,14 @@
 #include <vector>
 
 #include "../backend/cpu/fused_loop.hpp"
-#include "../expr/print.hpp"
+#include "print.hpp"
+#include "../backend/cuda/kernel_cache.hpp"
+#include "../backend/cuda/source.hpp"
 #include "../ops/elementwise.hpp"
-#include "cuda_ptx.hpp"
+#include "../backend/cuda/ptx.hpp"
 
-namespace hybra::jit {
+namespace hybra::expr {
 
-// The C++ type a dtype is in CUDA source.
-inline std::string_view cuda_type(DType d) {
-  switch (d) {
-    case DType::float32: return "float";
-    case DType::float64: return "double";
-    case DType::int32: return "int";
-    case DType::int64: return "long long";
-    case DType::uint8: return "unsigned char";
-  }
-  fail<DTypeError>("cuda: no CUDA type for dtype ", static_cast<int>(d));
-}
 
 namespace detail {
 struct ElementwiseOp {
@@ -68,10 +59,6 @@ inline std::string cuda_literal(const backend::cpu::FusedProgram::Constant& c, D
 }
 }  // namespace detail
 
-struct CudaKernel {
-  std::string name;        // its extern "C" name
-  std::string definition;  // the __global__ function; cuda_program() makes sources of definitions
-};
 
 // How a program's constants reach its kernel: as literals of the code (a
 // captured graph's, whose constants are part of the graph), or as parameters
@@ -88,10 +75,10 @@ enum class KernelConstants { literals, parameters };
 // broadcast_strides): a broadcast operand or a view, read at the offset the
 // element's coordinates give. Shapes and strides are constants of the code,
 // so such a kernel serves one layout.
-inline CudaKernel cuda_elementwise_kernel(const backend::cpu::FusedProgram& p, const Shape& shape = {},
-                                          std::span<const Strides> strides = {},
-                                          KernelConstants constants = KernelConstants::literals) {
-  const std::string T(cuda_type(p.dtype));
+inline backend::cuda::CudaKernel cuda_elementwise_kernel(const backend::cpu::FusedProgram& p, const Shape& shape = {},
+                                                         std::span<const Strides> strides = {},
+                                                         KernelConstants constants = KernelConstants::literals) {
+  const std::string T(backend::cuda::cuda_type(p.dtype));
   const bool strided = std::any_of(strides.begin(), strides.end(), [](const Strides& st) { return !st.empty(); });
   std::string constant_params;
   if (constants == KernelConstants::parameters)
@@ -171,31 +158,13 @@ inline CudaKernel cuda_elementwise_kernel(const backend::cpu::FusedProgram& p, c
 
   std::string params;
   for (int k = 0; k < p.inputs; ++k) params += "const " + T + "* __restrict__ in" + std::to_string(k) + ", ";
-  CudaKernel k;
-  k.name = "hybra_fused_" + fnv1a64_hex(T + constant_params + '\n' + loops);
+  backend::cuda::CudaKernel k;
+  k.name = "hybra_fused_" + backend::cuda::fnv1a64_hex(T + constant_params + '\n' + loops);
   k.definition = "extern \"C\" __global__ void " + k.name + "(" + params + T + "* __restrict__ out, long long n" +
                  constant_params + ") {\n" +
                  "  using T = " + T + ";\n" +
                  "  const long long stride = static_cast<long long>(blockDim.x) * gridDim.x;\n" +
                  "  long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;\n" + loops + "}\n";
-  return k;
-}
-
-// Converts a contiguous tensor to another dtype, each element by a C++
-// conversion, as astype does on the CPU (so a value the new dtype cannot
-// hold converts as C++ leaves undefined, and may differ between devices).
-inline std::string cuda_convert_kernel_name(DType from, DType to) {
-  return "hybra_convert_" + std::string(name(from)) + "_to_" + std::string(name(to));
-}
-
-inline CudaKernel cuda_convert_kernel(DType from, DType to) {
-  CudaKernel k;
-  k.name = cuda_convert_kernel_name(from, to);
-  k.definition = "extern \"C\" __global__ void " + k.name + "(const " + std::string(cuda_type(from)) +
-                 "* __restrict__ in, " + std::string(cuda_type(to)) + "* __restrict__ out, long long n) {\n" +
-                 "  const long long stride = static_cast<long long>(blockDim.x) * gridDim.x;\n" +
-                 "  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n; i += stride)\n" +
-                 "    out[i] = static_cast<" + std::string(cuda_type(to)) + ">(in[i]);\n}\n";
   return k;
 }
 
@@ -243,11 +212,5 @@ backend::cpu::FusedProgram fused_program(const E& e) {
   return p;
 }
 
-// One NVRTC program holding the kernels: one compile, one module.
-inline std::string cuda_program(const std::vector<CudaKernel>& kernels) {
-  std::string source = "#include <hybra/ops/elementwise.hpp>\n";
-  for (const auto& k : kernels) source += "\n" + k.definition;
-  return source;
-}
 
-}  // namespace hybra::jit
+}  // namespace hybra::expr

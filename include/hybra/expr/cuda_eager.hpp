@@ -2,7 +2,7 @@
 // An eager expression on a GPU, as ONE kernel: at the first evaluation of an
 // expression type in a dtype on a GPU (and in a layout, for broadcast
 // operands and views), its fused program (from
-// the type alone: jit::fused_program) becomes CUDA source, NVRTC compiles it
+// the type alone: expr::fused_program) becomes CUDA source, NVRTC compiles it
 // (through the kernel cache: memory, then disk), and the PTX is loaded into
 // the GPU; each evaluation is then one launch on the GPU's stream, its
 // scalars (`a * 2`'s 2) passed as the kernel's arguments: the kernel is the
@@ -21,34 +21,18 @@
 #include <vector>
 
 #include "../backend/cuda/gpu.hpp"
-#include "cuda_layout.hpp"
-#include "cuda_source.hpp"
+#include "../backend/cuda/layout.hpp"
+#include "../backend/cuda/convert.hpp"
+#include "../backend/cuda/source.hpp"
+#include "cuda_elementwise.hpp"
 
 namespace hybra {
-
-namespace jit {
-
-// Converting `count` contiguous elements from one dtype to another on a GPU
-// (astype, a copy into another dtype): one kernel per pair of dtypes.
-inline CudaLaunch cuda_convert_launch(DType from, DType to, std::int64_t count, backend::cuda::Gpu& gpu) {
-  std::string kernel = cuda_convert_kernel_name(from, to);
-  const std::string& ptx = program_ptx(kernel, gpu.arch(), [&] { return cuda_program({cuda_convert_kernel(from, to)}); });
-  return {0, [&ptx, kernel = std::move(kernel), count](backend::cuda::Gpu& gpu, std::span<const void* const> in, void* out,
-                                                        void*) {
-            const void* source = in[0];
-            long long n = count;
-            void* args[] = {&source, &out, &n};
-            gpu.launch(gpu.function(ptx, kernel), n, args, "astype");
-          }};
-}
-
-}  // namespace jit
 
 namespace detail {
 
 // A scalar of an eager expression as its kernel's argument: converted to
 // the kernel's dtype as the literal of a graph's kernel would be, passed by
-// value (jit::KernelConstants::parameters).
+// value (expr::KernelConstants::parameters).
 struct KernelScalar {
   alignas(8) unsigned char bytes[8] = {};
 };
@@ -116,12 +100,13 @@ inline void push_fused_program_cuda(std::string_view name, CudaExpressionKernels
       const backend::cpu::FusedProgram p = program(expression);
       if (p.constants.size() != scalars.size())
         fail<Error>("cuda: ", name, " has ", scalars.size(), " scalars but its program ", p.constants.size(), " constants");
-      jit::CudaKernel k = jit::cuda_elementwise_kernel(p, out.shape(), strides, jit::KernelConstants::parameters);
+      backend::cuda::CudaKernel k =
+          expr::cuda_elementwise_kernel(p, out.shape(), strides, expr::KernelConstants::parameters);
       if (hit && k.name != it->second.kernel)
         fail<Error>("cuda: the kernel cached for ", name, " is ", it->second.kernel, " but this call's code is ", k.name,
                     ": the cache's key misses something the code depends on");
       if (!hit) {
-        std::string ptx = jit::cuda_ptx(jit::cuda_program({k}), k.name + ".cu", gpu.arch());
+        std::string ptx = backend::cuda::cuda_ptx(backend::cuda::cuda_program({k}), k.name + ".cu", gpu.arch());
         it = kernels.compiled.emplace(std::move(key), CudaExpressionKernels::Compiled{std::move(ptx), std::move(k.name)})
                  .first;
       }
@@ -145,8 +130,9 @@ inline void push_fused_program_cuda(std::string_view name, CudaExpressionKernels
 }
 
 inline void push_convert_cuda(const Tensor& src, const Tensor& dst) {
-  jit::push_cuda_launch("astype", {src}, dst,
-                        jit::cuda_convert_launch(src.dtype(), dst.dtype(), dst.size(), backend::cuda::gpu(dst.device().id)));
+  backend::cuda::push_cuda_launch(
+      "astype", {src}, dst,
+      backend::cuda::cuda_convert_launch(src.dtype(), dst.dtype(), dst.size(), backend::cuda::gpu(dst.device().id)));
 }
 
 }  // namespace detail
@@ -166,9 +152,9 @@ void detail::push_fused_cuda(const E& e, const leaf_list& leaves, const Tensor& 
     return 0;
   };
   auto node = [](auto, auto...) { return 0; };
-  fold(e, leaf, node);  // the order jit::fused_program numbers its constants in
+  fold(e, leaf, node);  // the order expr::fused_program numbers its constants in
   push_fused_program_cuda(
-      name, kernels, [](const void* expression) { return jit::fused_program(*static_cast<const E*>(expression)); }, &e,
+      name, kernels, [](const void* expression) { return expr::fused_program(*static_cast<const E*>(expression)); }, &e,
       leaves, out, scalars);
 }
 
