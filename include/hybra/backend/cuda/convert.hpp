@@ -33,8 +33,7 @@ inline CudaKernel cuda_convert_kernel(DType from, DType to) {
   return k;
 }
 
-// Converting `count` contiguous elements from one dtype to another on a GPU
-// (astype, a copy into another dtype): one kernel per pair of dtypes.
+// The launch that converts `count` contiguous elements.
 inline CudaLaunch cuda_convert_launch(DType from, DType to, std::int64_t count, backend::cuda::Gpu& gpu) {
   std::string kernel = cuda_convert_kernel_name(from, to);
   const std::string& ptx =
