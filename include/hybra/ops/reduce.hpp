@@ -49,7 +49,7 @@ namespace detail::reduce {
 using i64 = std::int64_t;
 
 template <class Acc, class In>
-Acc load(In v) {
+HYBRA_HD Acc load(In v) {
   if constexpr (std::is_same_v<Acc, std::uint64_t>) return static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
   else return static_cast<Acc>(v);
 }
@@ -71,7 +71,7 @@ Acc pairwise_sum(const In* p, i64 n) {
 // v replaces acc when it is more extreme or NaN; a NaN acc stays, so NaN
 // propagates as in NumPy's max/min.
 template <bool Max, class T>
-T pick(T acc, T v) {
+HYBRA_HD T pick(T acc, T v) {
   if constexpr (Max) return (v > acc || v != v) ? v : acc;
   else return (v < acc || v != v) ? v : acc;
 }
