@@ -2,8 +2,10 @@
 // (one NVRTC-compiled kernel: two reads and a write per element) against the
 // device-to-device copy bandwidth measured in the same run, the round trip
 // of one small eager expression, GEMM 4096^3 (float32 and TF32) through hybra against cuBLAS
-// called directly, the chapter's MLP eager at batch 1, a whole-tensor sum
-// and a row softmax against that bandwidth, a training step of the MLP and
+// called directly, the chapter's MLP eager at batch 1, a whole-tensor sum,
+// row sums, row argmaxes and a row softmax against that bandwidth (each with
+// the block combine of a shared-memory tree, /cub:0, and of CUB's warp
+// shuffles, /cub:1), a training step of the MLP and
 // of LeNet-5 (eager and hybridized), and the first use of an expression's kernel in a
 // process (an NVRTC compile, or a hit in the kernel cache's disk half when
 // HYBRA_KERNEL_CACHE_DIR already holds it).
@@ -51,20 +53,36 @@ BENCHMARK(BM_cuda_fusion_long)->Name("BM_cuda_fusion_long/hybra")->UseRealTime()
 // A whole-tensor sum (pieces of the input in parallel, then their sum):
 // bytes read, to set against the copy's bandwidth.
 void BM_cuda_sum(benchmark::State& state) {
+  const backend::cuda::CubBlockCombineScope combine(state.range(0) != 0);  // argument cub
   Tensor a = ones({n}, DType::float32, cuda(0));
   for (auto _ : state) sum(a).wait_to_read();
   state.SetBytesProcessed(state.iterations() * n * 4);
 }
-BENCHMARK(BM_cuda_sum)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_cuda_sum)->ArgName("cub")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// A reduction of each row of 1024 (a block per row, so a block combine per
+// row): bytes read.
+template <class Reduce>
+void BM_cuda_rows(benchmark::State& state, Reduce reduce) {
+  const backend::cuda::CubBlockCombineScope combine(state.range(0) != 0);  // argument cub
+  Tensor a = random_normal({n / 1024, 1024}, 0, 1, DType::float32, cuda(0));
+  for (auto _ : state) reduce(a).wait_to_read();
+  state.SetBytesProcessed(state.iterations() * n * 4);
+}
+BENCHMARK_CAPTURE(BM_cuda_rows, sum, [](const Tensor& a) { return sum(a, 1); })
+    ->ArgName("cub")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_rows, argmax, [](const Tensor& a) { return argmax(a, 1); })
+    ->ArgName("cub")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // softmax over rows of 1024 (a block per row): the bytes of one read and one
 // write (the kernel reads each row three times, from cache after the first).
 void BM_cuda_softmax(benchmark::State& state) {
+  const backend::cuda::CubBlockCombineScope combine(state.range(0) != 0);  // argument cub
   Tensor a = random_normal({n / 1024, 1024}, 0, 1, DType::float32, cuda(0));
   for (auto _ : state) softmax(a).wait_to_read();
   state.SetBytesProcessed(state.iterations() * n * 2 * 4);
 }
-BENCHMARK(BM_cuda_softmax)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_cuda_softmax)->ArgName("cub")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // What one small eager expression costs end to end: push, the GPU thread's
 // launch and stream wait, and the caller's wait.

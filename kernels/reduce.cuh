@@ -18,6 +18,10 @@
 // nothing here is more than C++ with CUDA's thread indices, __shared__ and
 // __syncthreads.
 
+#if defined(HYBRA_KERNELS_CUB)
+#include <cub/warp/warp_reduce.cuh>
+#endif
+
 namespace hybra::kernels {
 
 // The most threads a block of these kernels has: the size of their
@@ -92,7 +96,44 @@ __device__ void store_at(Out* out, long long i, typename P::acc a, long long cou
   else out[i] = P::template finish<Out>(a, count);
 }
 
-// Combines buf[0 .. active) into buf[0]; every thread of the block calls it.
+#if defined(HYBRA_KERNELS_CUB)
+// P's combine as the function object CUB's primitives take.
+template <class P>
+struct combine_with {
+  __device__ typename P::acc operator()(const typename P::acc& a, const typename P::acc& b) const {
+    return P::combine(a, b);
+  }
+};
+
+// Combines buf[0 .. active) into buf[0], the block's threads having written
+// it and met at a barrier; every thread of the block calls it, and all see
+// buf[0] after it. Each warp combines its 32 entries with CUB's WarpReduce
+// (register shuffles, no barrier), then the first warp combines the warps'
+// results: two barriers in all, where the tree below takes one per halving.
+template <class P>
+__device__ void block_combine(typename P::acc* buf, unsigned active) {
+  using Acc = typename P::acc;
+  using WarpReduce = cub::WarpReduce<Acc>;
+  __shared__ typename WarpReduce::TempStorage warp_storage[max_block_threads / 32];
+  __shared__ Acc warp_results[max_block_threads / 32];
+  const unsigned t = threadIdx.x, warp = t / 32, warps = (active + 31) / 32;
+  if (warp < warps) {
+    const int valid = static_cast<int>(active - warp * 32 < 32 ? active - warp * 32 : 32);
+    const Acc a = WarpReduce(warp_storage[warp]).Reduce(t < active ? buf[t] : buf[warp * 32], combine_with<P>{}, valid);
+    if (t % 32 == 0) warp_results[warp] = a;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const Acc a = WarpReduce(warp_storage[0]).Reduce(t < warps ? warp_results[t] : warp_results[0], combine_with<P>{},
+                                                     static_cast<int>(warps));
+    if (t == 0) buf[0] = a;
+  }
+  __syncthreads();
+}
+#else
+// Combines buf[0 .. active) into buf[0], the block's threads having written
+// it and met at a barrier; every thread of the block calls it, and all see
+// buf[0] after it. A tree in shared memory: a barrier per halving.
 template <class P>
 __device__ void block_combine(typename P::acc* buf, unsigned active) {
   unsigned width = 1;
@@ -102,6 +143,7 @@ __device__ void block_combine(typename P::acc* buf, unsigned active) {
     __syncthreads();
   }
 }
+#endif
 
 // I == 1: x is (O, R); each of the O * pieces blocks' worth of work (grid
 // stride) is one piece of len elements of one row, reduced by the whole

@@ -53,7 +53,7 @@ int main() {
   std::printf("device code in %s", hybra::backend::cuda::kernels_parent_dir().c_str());
   if (hybra::backend::cuda::nvrtc().loaded()) {
     const std::string ptx = hybra::backend::cuda::cuda_ptx(
-        hybra::backend::cuda::cuda_reduce_program(hybra::backend::cuda::Reduction::sum, hybra::DType::float32),
+        hybra::backend::cuda::cuda_reduce_program(hybra::backend::cuda::Reduction::sum, hybra::DType::float32, false),
         "sum.cu");
     const bool compiled = ptx.find(".entry hybra_sum_float32_rows_in_out") != std::string::npos;
     std::printf(": sum compiled by NVRTC: %s\n", compiled ? "PASS" : "FAIL");

@@ -239,30 +239,39 @@ TEST_CASE("cuda kernels: softmax and log_softmax, planned for a GPU and run on s
       }
 }
 
+// Both block combines of kernels/reduce.cuh: the shared-memory tree, which
+// the cases above run on simulated threads, and CUB's warp shuffles
+// (HYBRA_CUDA_CUB), which simulated threads cannot run: NVRTC compiles them,
+// and the rest of each kernel (loads, pieces, stores) is the code run above.
 TEST_CASE("cuda kernels: every reduction and softmax program compiles for sm_90, with the entries its launches name") {
   REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
-  for (Reduction r : all_reductions)
-    for (DType d : all_dtypes) {
-      CAPTURE(backend::cuda::detail::reduction_name(r));
-      CAPTURE(name(d));
-      const std::string source = backend::cuda::cuda_reduce_program(r, d);
-      const Tensor like = cpu_reduction(r, zeros({2}, d), std::nullopt);
-      CHECK(source.find("using Out = " + std::string(backend::cuda::cuda_type(like.dtype())) + ";") !=
-            std::string::npos);
-      const std::string ptx = backend::cuda::cuda_ptx(source, "reduce.cu");
-      for (bool columns : {false, true})
-        for (bool from_acc : {false, true})
-          for (bool to_acc : {false, true})
-            CHECK(ptx.find(".entry " + backend::cuda::detail::reduce_entry(
-                                           r, d, {columns, from_acc, to_acc, 0, 0, 0, 0, 0, 0, 0, 0})) !=
-                  std::string::npos);
-    }
-  for (DType d : {DType::float32, DType::float64})
-    for (bool log : {false, true}) {
-      const std::string ptx = backend::cuda::cuda_ptx(backend::cuda::cuda_softmax_program(log, d), "softmax.cu");
-      CHECK(ptx.find(".entry " + backend::cuda::softmax_entry(log, d, false)) != std::string::npos);
-      CHECK(ptx.find(".entry " + backend::cuda::softmax_entry(log, d, true)) != std::string::npos);
-    }
+  for (bool cub : {false, true}) {
+    CAPTURE(cub);
+    for (Reduction r : all_reductions)
+      for (DType d : all_dtypes) {
+        CAPTURE(backend::cuda::detail::reduction_name(r));
+        CAPTURE(name(d));
+        const std::string source = backend::cuda::cuda_reduce_program(r, d, cub);
+        const Tensor like = cpu_reduction(r, zeros({2}, d), std::nullopt);
+        CHECK(source.find("using Out = " + std::string(backend::cuda::cuda_type(like.dtype())) + ";") !=
+              std::string::npos);
+        const std::string ptx = backend::cuda::cuda_ptx(source, "reduce.cu");
+        CHECK((ptx.find("shfl.sync") != std::string::npos) == cub);
+        for (bool columns : {false, true})
+          for (bool from_acc : {false, true})
+            for (bool to_acc : {false, true})
+              CHECK(ptx.find(".entry " + backend::cuda::detail::reduce_entry(
+                                             r, d, {columns, from_acc, to_acc, 0, 0, 0, 0, 0, 0, 0, 0}, cub) +
+                             "(") != std::string::npos);
+      }
+    for (DType d : {DType::float32, DType::float64})
+      for (bool log : {false, true}) {
+        const std::string ptx = backend::cuda::cuda_ptx(backend::cuda::cuda_softmax_program(log, d, cub), "softmax.cu");
+        CHECK((ptx.find("shfl.sync") != std::string::npos) == cub);
+        CHECK(ptx.find(".entry " + backend::cuda::softmax_entry(log, d, false, cub) + "(") != std::string::npos);
+        CHECK(ptx.find(".entry " + backend::cuda::softmax_entry(log, d, true, cub) + "(") != std::string::npos);
+      }
+  }
 }
 
 namespace {

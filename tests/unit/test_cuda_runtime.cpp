@@ -456,6 +456,28 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK_THROWS_WITH_AS(sum(ones({2}, DType::float32, cuda(0)), 1), doctest::Contains("sum: axis 1"), AxisError);
   }
 
+  TEST_CASE("cuda fake: with HYBRA_CUDA_CUB, block combines are CUB's programs, under entry names of their own") {
+    FakeDriver fake;
+    Tensor x = ones({64, 10}, DType::float32, cuda(0));
+    const long loads = fake.calls("cuModuleLoadData");
+    {
+      const backend::cuda::CubBlockCombineScope combine(true);
+      Tensor s = sum(x, 1);
+      waitall();
+      CHECK(fake.last_launch() == "hybra_sum_float32_rows_in_out_cub");
+      Tensor p = softmax(x);
+      waitall();
+      CHECK(fake.last_launch() == "hybra_softmax_float32_rows_cub");
+    }
+    // Switched back, the same ops launch the tree's entries again: a GPU's
+    // functions are cached by name, so the two must never share one.
+    CHECK_FALSE(backend::cuda::cub_block_combine());
+    Tensor s2 = sum(x, 1);
+    waitall();
+    CHECK(fake.last_launch() == "hybra_sum_float32_rows_in_out");
+    CHECK(fake.calls("cuModuleLoadData") >= loads + 2);
+  }
+
   TEST_CASE("cuda fake: a captured graph's reductions, argmax and softmax run in the plan's buffers and replay with it") {
     FakeDriver fake;
     auto a = sym::var("a", Shape{64, 10});

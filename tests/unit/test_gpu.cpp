@@ -342,30 +342,37 @@ TEST_SUITE("gpu" * doctest::skip()) {
       }
       CHECK(wrong == 0);
     };
+    // Rows of 10, 77 and 1000 leave a block's last warp part-full, or fill
+    // it: both block combines (the tree, CUB's warp shuffles) must agree.
     const std::vector<std::pair<Shape, std::vector<std::int64_t>>> cases = {
-        {{1 << 22}, {0}}, {{256, 10}, {1}}, {{256, 10}, {0}}, {{64, 6, 24, 24}, {0, 2, 3}}, {{5000, 3}, {0}}};
-    for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8})
-      for (const auto& [shape, axes] : cases) {
-        CAPTURE(name(d));
-        CAPTURE(to_string(shape));
-        seed(11);
-        const Tensor values = (is_floating(d) ? random_normal(shape, 0, 3, DType::float64)
-                                              : random_uniform(shape, 0, 200, DType::float64))
-                                  .astype(d);
-        const Tensor on_gpu = values.to(cuda(0));
-        same(sum(on_gpu, Axes(axes)), sum(values, Axes(axes)));
-        same(mean(on_gpu, Axes(axes)), mean(values, Axes(axes)));
-        same(max(on_gpu, Axes(axes)), max(values, Axes(axes)));
-        same(min(on_gpu, Axes(axes), true), min(values, Axes(axes), true));
-        same(argmax(on_gpu, axes.front()), argmax(values, axes.front()));
-        same(argmax(on_gpu), argmax(values));
-        same(cumsum(on_gpu, axes.front()), cumsum(values, axes.front()));
-        same(cumsum(on_gpu, axes.back(), true), cumsum(values, axes.back(), true));
-        if (is_floating(d)) {
-          same(softmax(on_gpu, axes.front()), softmax(values, axes.front()));
-          same(log_softmax(on_gpu * 100, axes.back()), log_softmax(values * 100, axes.back()));
+        {{1 << 22}, {0}}, {{256, 10}, {1}}, {{256, 10}, {0}}, {{64, 6, 24, 24}, {0, 2, 3}}, {{5000, 3}, {0}},
+        {{300, 77}, {1}}, {{7, 1000}, {1}}};
+    for (bool cub : {false, true}) {
+      const backend::cuda::CubBlockCombineScope combine(cub);
+      CAPTURE(cub);
+      for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8})
+        for (const auto& [shape, axes] : cases) {
+          CAPTURE(name(d));
+          CAPTURE(to_string(shape));
+          seed(11);
+          const Tensor values = (is_floating(d) ? random_normal(shape, 0, 3, DType::float64)
+                                                : random_uniform(shape, 0, 200, DType::float64))
+                                    .astype(d);
+          const Tensor on_gpu = values.to(cuda(0));
+          same(sum(on_gpu, Axes(axes)), sum(values, Axes(axes)));
+          same(mean(on_gpu, Axes(axes)), mean(values, Axes(axes)));
+          same(max(on_gpu, Axes(axes)), max(values, Axes(axes)));
+          same(min(on_gpu, Axes(axes), true), min(values, Axes(axes), true));
+          same(argmax(on_gpu, axes.front()), argmax(values, axes.front()));
+          same(argmax(on_gpu), argmax(values));
+          same(cumsum(on_gpu, axes.front()), cumsum(values, axes.front()));
+          same(cumsum(on_gpu, axes.back(), true), cumsum(values, axes.back(), true));
+          if (is_floating(d)) {
+            same(softmax(on_gpu, axes.front()), softmax(values, axes.front()));
+            same(log_softmax(on_gpu * 100, axes.back()), log_softmax(values * 100, axes.back()));
+          }
         }
-      }
+    }
   }
 
   TEST_CASE("gpu: a captured graph's reductions, argmax and softmax (of views too), replayed as a CUDA graph, against the CPU") {

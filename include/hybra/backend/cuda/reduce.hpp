@@ -13,6 +13,13 @@
 // in scratch memory, a second combines the pieces. Accumulators stay
 // accumulators (double sums, (value, index) pairs) between steps; only the
 // last step finishes them into the result's dtype.
+//
+// A block's threads combine their accumulators with one of two versions of
+// kernels/reduce.cuh's block_combine: a tree in shared memory, or CUB's
+// warp shuffles (HYBRA_CUDA_CUB=1, or set_cub_block_combine(true)). Each
+// version is a program of its own, under entry names of its own, since a
+// GPU caches its functions by name. docs/cuda.md says which is the default
+// and why.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -27,6 +34,32 @@
 #include "source.hpp"
 
 namespace hybra::backend::cuda {
+
+inline Switch& cub_block_combine_switch() {
+  static Switch s("HYBRA_CUDA_CUB");
+  return s;
+}
+// Whether programs compiled from now on combine a block's values with CUB.
+inline bool cub_block_combine() { return cub_block_combine_switch().on(); }
+inline void set_cub_block_combine(bool on) { cub_block_combine_switch().set(on); }
+
+// The switch set for a scope (a test's or a benchmark's case), then put
+// back as it was.
+class CubBlockCombineScope {
+ public:
+  explicit CubBlockCombineScope(bool on) : before_(cub_block_combine()) { set_cub_block_combine(on); }
+  ~CubBlockCombineScope() { set_cub_block_combine(before_); }
+  CubBlockCombineScope(const CubBlockCombineScope&) = delete;
+  CubBlockCombineScope& operator=(const CubBlockCombineScope&) = delete;
+
+ private:
+  bool before_;
+};
+
+// What starts a program of kernels/reduce.cuh or softmax.cuh, and ends its
+// entries' names, in the block combine's version.
+inline std::string_view block_combine_define(bool cub) { return cub ? "#define HYBRA_KERNELS_CUB 1\n" : ""; }
+inline std::string_view block_combine_suffix(bool cub) { return cub ? "_cub" : ""; }
 
 enum class Reduction { sum, mean, max, min, argmax };
 
@@ -135,9 +168,9 @@ inline std::array<std::string, 2> reduce_policy(Reduction r, DType in) {
   return {};
 }
 
-inline std::string reduce_entry(Reduction r, DType in, const ReduceStep& s) {
+inline std::string reduce_entry(Reduction r, DType in, const ReduceStep& s, bool cub) {
   return hybra::detail::concat("hybra_", reduction_name(r), '_', name(in), s.columns ? "_columns_" : "_rows_",
-                s.from_acc ? "acc" : "in", s.to_acc ? "_acc" : "_out");
+                               s.from_acc ? "acc" : "in", s.to_acc ? "_acc" : "_out", block_combine_suffix(cub));
 }
 
 }  // namespace detail
@@ -145,42 +178,45 @@ inline std::string reduce_entry(Reduction r, DType in, const ReduceStep& s) {
 // The NVRTC program of one reduction of one dtype: its eight entries (rows
 // or columns; reading the input or accumulators; writing accumulators or
 // the result), all with the parameters (x, out, O, R, I, len, count).
-inline std::string cuda_reduce_program(Reduction r, DType in) {
+inline std::string cuda_reduce_program(Reduction r, DType in, bool cub) {
   const auto [policy, out] = detail::reduce_policy(r, in);
-  std::string source = "#include <kernels/reduce.cuh>\n\nnamespace {\nusing P = hybra::kernels::" + policy +
+  std::string source = std::string(block_combine_define(cub)) +
+                       "#include <kernels/reduce.cuh>\n\nnamespace {\nusing P = hybra::kernels::" + policy +
                        ";\nusing In = " + std::string(cuda_type(in)) + ";\nusing Out = " + out +
                        ";\nusing Acc = P::acc;\n}  // namespace\n";
   for (bool columns : {false, true})
     for (bool from_acc : {false, true})
       for (bool to_acc : {false, true}) {
         const ReduceStep s{columns, from_acc, to_acc, 0, 0, 0, 0, 0, 0, 0, 0};
-        source += hybra::detail::concat("\nextern \"C\" __global__ void __launch_bounds__(256) ",
-                                        detail::reduce_entry(r, in, s), "(const ",
-                         from_acc ? "Acc" : "In", "* x, ", to_acc ? "Acc" : "Out",
-                         "* out, long long O, long long R, long long I, long long len, long long count) {\n  ",
-                         columns ? "hybra::kernels::reduce_columns<P, " : "hybra::kernels::reduce_rows<P, ",
-                         from_acc ? "Acc, " : "In, ", to_acc ? "Acc, " : "Out, ", from_acc ? "true, " : "false, ",
-                         to_acc ? "true" : "false",
-                         columns ? ">(x, out, O, R, I, len, count);\n}\n" : ">(x, out, O, R, len, count);\n}\n");
+        source += hybra::detail::concat(
+            "\nextern \"C\" __global__ void __launch_bounds__(256) ", detail::reduce_entry(r, in, s, cub), "(const ",
+            from_acc ? "Acc" : "In", "* x, ", to_acc ? "Acc" : "Out",
+            "* out, long long O, long long R, long long I, long long len, long long count) {\n  ",
+            columns ? "hybra::kernels::reduce_columns<P, " : "hybra::kernels::reduce_rows<P, ",
+            from_acc ? "Acc, " : "In, ", to_acc ? "Acc, " : "Out, ", from_acc ? "true, " : "false, ",
+            to_acc ? "true" : "false",
+            columns ? ">(x, out, O, R, I, len, count);\n}\n" : ">(x, out, O, R, len, count);\n}\n");
       }
   return source;
 }
 
-inline std::string softmax_entry(bool log, DType t, bool columns) {
-  return hybra::detail::concat("hybra_", log ? "log_softmax_" : "softmax_", name(t), columns ? "_columns" : "_rows");
+inline std::string softmax_entry(bool log, DType t, bool columns, bool cub) {
+  return hybra::detail::concat("hybra_", log ? "log_softmax_" : "softmax_", name(t), columns ? "_columns" : "_rows",
+                               block_combine_suffix(cub));
 }
 
 // The NVRTC program of softmax (or log_softmax) of one floating dtype: two
 // entries (rows, columns), with the parameters (x, y, O, R, I).
-inline std::string cuda_softmax_program(bool log, DType t) {
+inline std::string cuda_softmax_program(bool log, DType t, bool cub) {
   const std::string T(cuda_type(t)), L = log ? "true" : "false";
-  return hybra::detail::concat("#include <kernels/softmax.cuh>\n\nextern \"C\" __global__ void __launch_bounds__(256) ",
-                        softmax_entry(log, t, false), "(const ", T, "* x, ", T,
-                        "* y, long long O, long long R, long long) {\n  hybra::kernels::softmax_rows<", L,
-                        ">(x, y, O, R);\n}\n\nextern \"C\" __global__ void __launch_bounds__(256) ",
-                        softmax_entry(log, t, true), "(const ", T, "* x, ", T,
-                        "* y, long long O, long long R, long long I) {\n  hybra::kernels::softmax_columns<", L,
-                        ">(x, y, O, R, I);\n}\n");
+  return hybra::detail::concat(block_combine_define(cub),
+                               "#include <kernels/softmax.cuh>\n\nextern \"C\" __global__ void __launch_bounds__(256) ",
+                               softmax_entry(log, t, false, cub), "(const ", T, "* x, ", T,
+                               "* y, long long O, long long R, long long) {\n  hybra::kernels::softmax_rows<", L,
+                               ">(x, y, O, R);\n}\n\nextern \"C\" __global__ void __launch_bounds__(256) ",
+                               softmax_entry(log, t, true, cub), "(const ", T, "* x, ", T,
+                               "* y, long long O, long long R, long long I) {\n  hybra::kernels::softmax_columns<", L,
+                               ">(x, y, O, R, I);\n}\n");
 }
 
 // Compiles the reduction's program for the GPU (at the call, so that a
@@ -188,16 +224,18 @@ inline std::string cuda_softmax_program(bool log, DType t) {
 // launches on the GPU's stream. x and out are contiguous; scratch holds at
 // least plan.scratch_bytes.
 inline auto cuda_reduce_launcher(Reduction r, DType in, backend::cuda::Gpu& gpu) {
-  const std::string& ptx = program_ptx(hybra::detail::concat("hybra_", detail::reduction_name(r), '_', name(in)),
-                                       gpu.arch(), [&] { return cuda_reduce_program(r, in); });
-  return [&ptx, r, in](backend::cuda::Gpu& g, const ReducePlan& plan, const void* x, void* out, void* scratch,
-                       std::string_view what) {
+  const bool cub = cub_block_combine();
+  const std::string& ptx =
+      program_ptx(hybra::detail::concat("hybra_", detail::reduction_name(r), '_', name(in), block_combine_suffix(cub)),
+                  gpu.arch(), [&] { return cuda_reduce_program(r, in, cub); });
+  return [&ptx, r, in, cub](backend::cuda::Gpu& g, const ReducePlan& plan, const void* x, void* out, void* scratch,
+                            std::string_view what) {
     run_reduce_plan(plan, x, out, scratch, [&](const ReduceStep& s, const void* src, void* dst) {
       auto xp = src;
       auto op = dst;
       long long O = s.O, R = s.R, I = s.I, len = s.len, count = plan.count;
       void* args[] = {&xp, &op, &O, &R, &I, &len, &count};
-      g.launch_grid(g.function(ptx, detail::reduce_entry(r, in, s)), s.blocks, s.threads, args, what);
+      g.launch_grid(g.function(ptx, detail::reduce_entry(r, in, s, cub)), s.blocks, s.threads, args, what);
     });
   };
 }
@@ -221,17 +259,19 @@ inline SoftmaxLaunch plan_softmax(std::int64_t O, std::int64_t R, std::int64_t I
 // softmax (or log_softmax) of the contiguous (O, R, I) block x into y, on
 // the GPU's stream; the program is compiled at the call.
 inline auto cuda_softmax_launcher(bool log, DType t, backend::cuda::Gpu& gpu) {
-  const std::string& ptx =
-      program_ptx(hybra::detail::concat("hybra_", log ? "log_softmax_" : "softmax_", name(t)), gpu.arch(),
-                  [&] { return cuda_softmax_program(log, t); });
-  return [&ptx, log, t](backend::cuda::Gpu& g, const void* x, void* y, std::int64_t O, std::int64_t R, std::int64_t I,
-                        std::string_view what) {
+  const bool cub = cub_block_combine();
+  const std::string& ptx = program_ptx(
+      hybra::detail::concat("hybra_", log ? "log_softmax_" : "softmax_", name(t), block_combine_suffix(cub)),
+      gpu.arch(), [&] { return cuda_softmax_program(log, t, cub); });
+  return [&ptx, log, t, cub](backend::cuda::Gpu& g, const void* x, void* y, std::int64_t O, std::int64_t R,
+                             std::int64_t I, std::string_view what) {
     const SoftmaxLaunch launch = plan_softmax(O, R, I, g.info().multiprocessors);
     auto xp = x;
     auto yp = y;
     long long o = O, r = R, i = I;
     void* args[] = {&xp, &yp, &o, &r, &i};
-    g.launch_grid(g.function(ptx, softmax_entry(log, t, launch.columns)), launch.blocks, launch.threads, args, what);
+    g.launch_grid(g.function(ptx, softmax_entry(log, t, launch.columns, cub)), launch.blocks, launch.threads, args,
+                  what);
   };
 }
 
