@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints bench_fusion's medians as a table, with hybra/eigen and hybra/unfused.
+"""Prints bench_fusion's medians as a table, with hybra/eigen, hybra/unfused and hybra/thrust.
 
 Usage: python3 benchmarks/fusion_table.py build/bench_fusion.json [--markdown]
 
@@ -26,20 +26,20 @@ def main():
         scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b["time_unit"]]
         median[m.group(1), m.group(2), int(m.group(3))] = (b["real_time"] * scale, b["bytes_per_second"] / 1e9)
 
-    impls = [i for i in ("hybra", "unfused", "eigen", "loop") if any(k[1] == i for k in median)]
+    impls = [i for i in ("hybra", "thrust", "unfused", "eigen", "loop") if any(k[1] == i for k in median)]
+    others = [o for o in ("eigen", "unfused", "thrust") if o in impls]
     rows = []
-    for chain in ("short", "long"):
+    for chain in ("short", "long", "sum"):
         for threads in (1, 2):
             row = [f"{chain} t{threads}"]
             for impl in impls:
                 ms, gbs = median.get((chain, impl, threads), (float("nan"), float("nan")))
                 row.append(f"{ms:.1f} ms {gbs:.1f} GB/s")
             hybra = median.get((chain, "hybra", threads), (float("nan"),))[0]
-            for other in ("eigen", "unfused"):
-                if other in impls:
-                    row.append(f"{median[chain, other, threads][0] / hybra:.2f}")
+            for other in others:
+                row.append(f"{median.get((chain, other, threads), (float('nan'),))[0] / hybra:.2f}")
             rows.append(row)
-    head = ["case"] + impls + [f"hybra/{o}" for o in ("eigen", "unfused") if o in impls]
+    head = ["case"] + impls + [f"hybra/{o}" for o in others]
 
     if markdown:
         print("| " + " | ".join(head) + " |")

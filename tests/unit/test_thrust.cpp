@@ -59,6 +59,32 @@ TEST_CASE("Thrust path: broadcast and view operands are read as the expression r
   check_same_values(with_thrust::evaluate(column + row * 2.5f), Tensor(column + row * 2.5f));
 }
 
+TEST_CASE("Thrust path: assign writes into the caller's tensor, a view or another dtype through a copy") {
+  Tensor a = thrust_operand({4, 6}, DType::float32, 9), b = thrust_operand({4, 6}, DType::float32, 10);
+  Tensor out = zeros({4, 6});
+  const void* storage = out.raw_data();
+  with_thrust::assign(out, relu(a * b + 2));
+  CHECK(out.raw_data() == storage);
+  check_same_values(out, Tensor(relu(a * b + 2)));
+  Tensor wide = zeros({4, 6}, DType::float64);
+  with_thrust::assign(wide, a * b);
+  check_same_values(wide, Tensor(a * b).astype(DType::float64));
+  Tensor whole = zeros({6, 4});
+  Tensor view = transpose(whole);  // shape (4, 6), strides (1, 4)
+  with_thrust::assign(view, a - b);
+  check_same_values(transpose(whole).contiguous(), Tensor(a - b));
+  // Reading out's memory shifted by one: the values before the call, as hybra's assign.
+  Tensor x = arange(0, 10, 1, DType::float32), y = x.copy();
+  Tensor x_tail = slice(x, 0, 1, std::nullopt), y_tail = slice(y, 0, 1, std::nullopt);
+  with_thrust::assign(x_tail, slice(x, 0, 0, 9) * 2);
+  y_tail.assign(slice(y, 0, 0, 9) * 2);
+  check_same_values(x, y);
+  Tensor wrong = zeros({6, 4});
+  CHECK_THROWS_WITH_AS(with_thrust::assign(wrong, a * b),
+                       doctest::Contains("with_thrust::assign: the expression has shape (4, 6) but the output (6, 4)"),
+                       ShapeError);
+}
+
 TEST_CASE("Thrust path: NaN wins max and min, an empty sum is 0, an empty max is refused") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   Tensor x = array<float>({1, nan, -7, 4}, {4});
@@ -73,14 +99,14 @@ TEST_CASE("Thrust path: NaN wins max and min, an empty sum is 0, an empty max is
   Tensor empty({0, 3}, DType::float32);
   CHECK(with_thrust::evaluate(empty * 2).shape() == Shape{0, 3});
   CHECK(with_thrust::sum(empty * 2).item<float>() == 0);
-  CHECK_THROWS_WITH_AS(with_thrust::max(empty * 2), doctest::Contains("with_thrust::max: the expression has shape (0, 3)"),
-                       ValueError);
+  CHECK_THROWS_WITH_AS(with_thrust::max(empty * 2),
+                       doctest::Contains("with_thrust::max: the expression has shape (0, 3)"), ValueError);
 }
 
 TEST_CASE("Thrust path: ordered with hybra's ops on the tensors it reads and writes") {
   Tensor x = zeros({1000});
   for (int step = 0; step < 5; ++step) {
-    x.assign(x + 1);                         // a hybra op, queued
+    x.assign(x + 1);                          // a hybra op, queued
     Tensor y = with_thrust::evaluate(x * 2);  // reads x after it
     x.assign(with_thrust::evaluate(y - x));   // and hybra writes x from it
   }
@@ -89,9 +115,9 @@ TEST_CASE("Thrust path: ordered with hybra's ops on the tensors it reads and wri
 
 TEST_CASE("Thrust path: errors name the call and the reason") {
   Tensor f = ones({3}), i = ones({3}, DType::int32);
-  CHECK_THROWS_WITH_AS(with_thrust::evaluate(f + i),
-                       doctest::Contains("with_thrust::evaluate: the expression's tensors have dtypes float32 and int32"),
-                       DTypeError);
+  CHECK_THROWS_WITH_AS(
+      with_thrust::evaluate(f + i),
+      doctest::Contains("with_thrust::evaluate: the expression's tensors have dtypes float32 and int32"), DTypeError);
   CHECK_THROWS_WITH_AS(with_thrust::sum(f + ones({4})), doctest::Contains("(3,)"), ShapeError);
   Tensor w = ones({3});
   w.attach_grad();
@@ -103,8 +129,13 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
   TEST_CASE("cuda fake: the Thrust path refuses GPU tensors in code that nvcc did not compile") {
     // hybra::cuda: Thrust's headers bring a namespace ::cuda (libcu++) that `using namespace hybra` cannot hide.
     Tensor g = ones({4}, DType::float32, hybra::cuda(0));
-    CHECK_THROWS_WITH_AS(with_thrust::evaluate(g * 2), doctest::Contains("only in code that nvcc compiles"), DeviceError);
-    CHECK_THROWS_WITH_AS(with_thrust::sum(g * 2), doctest::Contains("with_thrust::sum: the expression's tensors live on cuda(0)"),
+    CHECK_THROWS_WITH_AS(with_thrust::evaluate(g * 2), doctest::Contains("only in code that nvcc compiles"),
+                         DeviceError);
+    CHECK_THROWS_WITH_AS(with_thrust::sum(g * 2),
+                         doctest::Contains("with_thrust::sum: the expression's tensors live on cuda(0)"), DeviceError);
+    Tensor on_host = ones({4});
+    CHECK_THROWS_WITH_AS(with_thrust::assign(g, on_host * 2),
+                         doctest::Contains("the expression's tensors live on cpu(0) but the output on cuda(0)"),
                          DeviceError);
   }
 }

@@ -1,7 +1,8 @@
 #pragma once
 // The compile-time fusion path through Thrust: an expression's kernel tree
-// (kernel.hpp) evaluated by thrust::transform, or reduced by
-// thrust::transform_reduce, as one pass with no temporaries. Which backend
+// (kernel.hpp) evaluated by thrust::transform (with_thrust::evaluate, or
+// assign into a tensor of the caller's), or reduced by
+// thrust::transform_reduce (sum, max, min), as one pass with no temporaries. Which backend
 // runs it follows where the tensors live:
 // - on cuda(i), Thrust's CUDA backend on that GPU's stream, with scratch from
 //   hybra's caching allocator; only code that nvcc compiles has it, so a
@@ -30,6 +31,7 @@
 #include <vector>
 
 #if defined(_OPENMP)
+#include <omp.h>
 #include <thrust/system/omp/execution_policy.h>
 #else
 #include <thrust/system/cpp/execution_policy.h>
@@ -92,13 +94,17 @@ std::vector<const T*> pointers(const Operands& o) {
 struct GpuScratch {
   using value_type = char;
   backend::cuda::CachingAllocator* memory;
-  char* allocate(std::ptrdiff_t bytes) { return reinterpret_cast<char*>(memory->allocate(static_cast<std::size_t>(bytes))); }
+  char* allocate(std::ptrdiff_t bytes) {
+    return reinterpret_cast<char*>(memory->allocate(static_cast<std::size_t>(bytes)));
+  }
   void deallocate(char* p, std::size_t) noexcept { memory->release(reinterpret_cast<backend::cuda::CUdeviceptr>(p)); }
 };
 #endif
 
 // Calls run(policy) with the Thrust policy of `device`. Called inside the
-// engine op, where a GPU's context is already the thread's.
+// engine op, where a GPU's context is already the thread's; on the CPU,
+// Thrust's OpenMP loops take as many threads as hybra's own would
+// (set_num_threads, and the logical CPU device's share of the cores).
 template <class Run>
 void with_policy(Device device, Run&& run) {
 #if defined(__CUDACC__)
@@ -108,6 +114,7 @@ void with_policy(Device device, Run&& run) {
   }
 #endif
 #if defined(_OPENMP)
+  omp_set_num_threads(backend::cpu::available_threads());
   run(::thrust::omp::par);
 #else
   run(::thrust::cpp::par);
@@ -132,6 +139,34 @@ void store(const Tensor& out, V value) {
   std::memcpy(out.raw_data(), &value, sizeof value);
 }
 
+// The expression's result dtype when its tensors have dtype d.
+template <class E>
+DType result_dtype(DType d) {
+  DType r = d;
+  dispatch(d, [&](auto tag) { r = dtype_of_v<kernel::result_t<E, typename decltype(tag)::type>>; });
+  return r;
+}
+
+// One thrust::transform of e's kernel tree into out: contiguous, of o's
+// shape and device and of e's result dtype.
+template <class E>
+void transform_into(std::string_view op, const Tensor& out, const Operands& o, const E& e) {
+  dispatch(o.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using R = kernel::result_t<E, T>;
+    const std::int64_t n = checked_numel(o.shape, op);
+    const std::vector<const T*> ptrs = pointers<T>(o);
+    auto k = kernel::build<T, kernel::flat_leaf>(e, ptrs.data(), nullptr);
+    push_op_on(o.device, op, TensorRefs(o.tensors), {out}, [o, out, k, n] {
+      with_policy(o.device, [&](auto policy) {
+        ::thrust::transform(policy, ::thrust::counting_iterator<std::int64_t>(0),
+                            ::thrust::counting_iterator<std::int64_t>(n), static_cast<R*>(out.raw_data()),
+                            element_as<decltype(k), R>{k});
+      });
+    });
+  });
+}
+
 // How a reduction loads an element into its accumulator, combines two and
 // starts, with ops/reduce.hpp's rules: float sums in double, integer sums
 // modulo 2^64 into int64, NaN wins max and min. Only a sum has a value for
@@ -154,8 +189,10 @@ struct extreme_rule {
   static constexpr bool has_identity = false;
   static acc start() {
     using limits = std::numeric_limits<R>;
-    if constexpr (limits::has_infinity) return Max ? -limits::infinity() : limits::infinity();
-    else return Max ? limits::lowest() : limits::max();
+    if constexpr (limits::has_infinity)
+      return Max ? -limits::infinity() : limits::infinity();
+    else
+      return Max ? limits::lowest() : limits::max();
   }
   HYBRA_HD static acc load(R v) { return v; }
   HYBRA_HD acc operator()(acc a, acc b) const { return reduce::pick<Max>(a, b); }
@@ -203,29 +240,46 @@ Tensor reduce_all(const E& e) {
 
 namespace with_thrust {
 
-// The expression's value as a new contiguous tensor on its tensors' device,
-// computed by one thrust::transform over the kernel tree.
+// Writes the expression's value into `out`, a tensor of the expression's
+// shape on its tensors' device, by one thrust::transform over the kernel
+// tree. An out of another dtype, or a view, gets the values through a
+// contiguous tensor of the expression's dtype, converted and copied as
+// Tensor::assign does.
+template <class E>
+Tensor& assign(Tensor& out, const E& e) {
+  using namespace detail::thrust_path;
+  constexpr std::string_view op = "with_thrust::assign";
+  out.require("with_thrust::assign");
+  Operands o = operands(op, e);
+  // A leaf that reads out's memory other than element for element (a
+  // shifted or transposed view of it) would see elements this pass has
+  // already written: it is read from a copy, so that the expression's
+  // operands are its values before the call, as with Tensor::assign.
+  for (Tensor& t : o.tensors)
+    if (t.storage() == out.storage() && (t.offset() != out.offset() || t.strides() != out.strides())) t = t.copy();
+  if (out.shape() != o.shape)
+    fail<ShapeError>(op, ": the expression has shape ", to_string(o.shape), " but the output ", to_string(out.shape()));
+  if (out.device() != o.device)
+    fail<DeviceError>(op, ": the expression's tensors live on ", o.device, " but the output on ", out.device());
+  const DType dtype = result_dtype<E>(o.dtype);
+  if (out.dtype() == dtype && out.is_contiguous()) {
+    transform_into(op, out, o, e);
+  } else {
+    Tensor whole(o.shape, dtype, o.device);
+    transform_into(op, whole, o, e);
+    out.assign(whole);
+  }
+  return out;
+}
+
+// The expression's value as a new contiguous tensor on its tensors' device.
 template <class E>
 Tensor evaluate(const E& e) {
   using namespace detail::thrust_path;
   constexpr std::string_view op = "with_thrust::evaluate";
-  Operands o = operands(op, e);
-  Tensor out;
-  dispatch(o.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    using R = kernel::result_t<E, T>;
-    out = Tensor(o.shape, dtype_of_v<R>, o.device);
-    const std::int64_t n = checked_numel(o.shape, op);
-    const std::vector<const T*> ptrs = pointers<T>(o);
-    auto k = kernel::build<T, kernel::flat_leaf>(e, ptrs.data(), nullptr);
-    push_op_on(o.device, op, TensorRefs(o.tensors), {out}, [o, out, k, n] {
-      with_policy(o.device, [&](auto policy) {
-        ::thrust::transform(policy, ::thrust::counting_iterator<std::int64_t>(0),
-                            ::thrust::counting_iterator<std::int64_t>(n), static_cast<R*>(out.raw_data()),
-                            element_as<decltype(k), R>{k});
-      });
-    });
-  });
+  const Operands o = operands(op, e);
+  Tensor out(o.shape, result_dtype<E>(o.dtype), o.device);
+  transform_into(op, out, o, e);
   return out;
 }
 
