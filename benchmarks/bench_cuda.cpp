@@ -3,9 +3,10 @@
 // device-to-device copy bandwidth measured in the same run, the round trip
 // of one small eager expression, GEMM 4096^3 (float32 and TF32) through hybra against cuBLAS
 // called directly, the chapter's MLP eager at batch 1, a whole-tensor sum,
-// row sums, row argmaxes and a row softmax against that bandwidth (each with
-// the block combine of a shared-memory tree, /cub:0, and of CUB's warp
-// shuffles, /cub:1), a training step of the MLP and
+// row sums, row argmaxes, a row softmax and cumsum against that bandwidth
+// (each with the block step of a shared-memory tree, /cub:0, and of CUB's
+// WarpReduce or BlockScan, /cub:1; cumsum through each of its kernels), a
+// training step of the MLP and
 // of LeNet-5 (eager and hybridized), and the first use of an expression's kernel in a
 // process (an NVRTC compile, or a hit in the kernel cache's disk half when
 // HYBRA_KERNEL_CACHE_DIR already holds it).
@@ -83,6 +84,34 @@ void BM_cuda_softmax(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * n * 2 * 4);
 }
 BENCHMARK(BM_cuda_softmax)->ArgName("cub")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// cumsum of 2^26 float32 values through each of its kernels, forced where
+// ops/cumsum.hpp's rule would pick the other, so that the run shows where
+// the rule should fall: one row (a block; a thread alone would take
+// seconds), rows of 1024, and 1024 columns of 2^16 (axis 0). Bytes read and
+// written.
+void BM_cuda_cumsum(benchmark::State& state, Shape shape, std::int64_t axis, detail::cumsum::Kernel kernel) {
+  const backend::cuda::CubBlockCombineScope combine(state.range(0) != 0);  // argument cub
+  const Tensor a = random_normal(shape, 0, 1, DType::float32, cuda(0));
+  const Tensor out(shape, DType::float32, cuda(0));
+  const auto block = detail::cumsum::block(shape, axis);
+  for (auto _ : state) {
+    backend::cuda::push_cuda_launch("cumsum", {a}, out,
+                                    detail::cumsum::cuda_launch(block, false, DType::float32, backend::cuda::gpu(0), kernel));
+    out.wait_to_read();
+  }
+  state.SetBytesProcessed(state.iterations() * n * 2 * 4);
+}
+BENCHMARK_CAPTURE(BM_cuda_cumsum, row_by_block, Shape{n}, 0, detail::cumsum::Kernel::by_block)
+    ->ArgName("cub")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_cumsum, rows_by_thread, Shape{n / 1024, 1024}, 1, detail::cumsum::Kernel::by_thread)
+    ->ArgName("cub")->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_cumsum, rows_by_block, Shape{n / 1024, 1024}, 1, detail::cumsum::Kernel::by_block)
+    ->ArgName("cub")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_cumsum, columns_by_thread, Shape{n / 1024, 1024}, 0, detail::cumsum::Kernel::by_thread)
+    ->ArgName("cub")->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_cumsum, columns_by_block, Shape{n / 1024, 1024}, 0, detail::cumsum::Kernel::by_block)
+    ->ArgName("cub")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // What one small eager expression costs end to end: push, the GPU thread's
 // launch and stream wait, and the caller's wait.

@@ -576,7 +576,26 @@ TEST_CASE("cuda kernels: batch_norm on simulated threads is the CPU's, along any
     }
 }
 
-TEST_CASE("cuda kernels: cumsum on simulated threads is the CPU's, bit for bit, in every dtype and direction") {
+// cumsum of x, laid out as b, by one of kernels/cumsum.cuh's kernels on
+// simulated threads, in a tensor of the shape and dtype of `like` (the CPU's).
+Tensor simulated_cumsum(detail::cumsum::Kernel k, const Tensor& x, const Tensor& like, detail::cumsum::Block b,
+                        bool reverse, unsigned blocks, unsigned threads) {
+  Tensor got(like.shape(), like.dtype());
+  x.wait_to_read();
+  dispatch(x.dtype(), [&](auto tag) {
+    using In = typename decltype(tag)::type;
+    using Out = std::conditional_t<std::is_floating_point_v<In>, In, std::int64_t>;
+    const auto* in = static_cast<const In*>(x.raw_data());
+    auto* out = static_cast<Out*>(got.raw_data());
+    simt::launch(blocks, threads, [&] {
+      if (k == detail::cumsum::Kernel::by_block) kernels::cumsum_by_block(in, out, b.outer, b.R, b.inner, reverse);
+      else kernels::cumsum_by_thread(in, out, b.outer, b.R, b.inner, reverse);
+    });
+  });
+  return got;
+}
+
+TEST_CASE("cuda kernels: cumsum by thread on simulated threads is the CPU's, bit for bit, in every dtype and direction") {
   for (DType d : all_dtypes)
     for (const auto& [shape, axis] : std::vector<std::pair<Shape, std::optional<std::int64_t>>>{
              {{3, 4, 5}, 1}, {{6, 7}, -1}, {{5, 2}, 0}, {{2, 3, 4}, std::nullopt}})
@@ -587,28 +606,65 @@ TEST_CASE("cuda kernels: cumsum on simulated threads is the CPU's, bit for bit, 
         const Tensor x = sample(d, shape, 30);
         const Tensor want = cumsum(x, axis, reverse);
         const auto b = detail::cumsum::block(shape, axis);
-        Tensor got(want.shape(), want.dtype());
-        x.wait_to_read();
-        dispatch(d, [&](auto tag) {
-          using In = typename decltype(tag)::type;
-          using Out = std::conditional_t<std::is_floating_point_v<In>, In, std::int64_t>;
-          const backend::cuda::ElementwiseGrid grid = backend::cuda::grid_over(b.outer * b.inner, 1);
-          simt::launch(grid.blocks, grid.threads, [&] {
-            kernels::cumsum(static_cast<const In*>(x.raw_data()), static_cast<Out*>(got.raw_data()), b.outer, b.R,
-                            b.inner, reverse);
-          });
-        });
+        const backend::cuda::ElementwiseGrid grid = backend::cuda::grid_over(b.outer * b.inner, 1);
+        const Tensor got =
+            simulated_cumsum(detail::cumsum::Kernel::by_thread, x, want, b, reverse, grid.blocks, grid.threads);
         CHECK(got.to_vector<double>() == want.to_vector<double>());
       }
 }
 
-TEST_CASE("cuda kernels: the cumsum program compiles for sm_90 in every dtype, with the entry its launch names") {
+static_assert(kernels::scan_block_threads == detail::cumsum::block_threads);
+
+// Rows of many tiles, a last tile part-full, fewer blocks than columns (the
+// grid's stride), columns strided by inner, and blocks smaller than the
+// GPU's: the tree scans any block.
+TEST_CASE("cuda kernels: cumsum by block on simulated threads is the CPU's (integers exactly, floats to rounding)") {
+  for (DType d : all_dtypes)
+    for (const auto& [shape, axis] : std::vector<std::pair<Shape, std::optional<std::int64_t>>>{
+             {{3, 1000}, 1}, {{1500}, std::nullopt}, {{2, 600, 3}, 1}, {{700, 2}, 0}, {{12, 300}, 1}, {{4, 5}, 1}})
+      for (bool reverse : {false, true})
+        for (unsigned threads : {32u, 64u}) {
+          CAPTURE(name(d));
+          CAPTURE(to_string(shape));
+          CAPTURE(reverse);
+          CAPTURE(threads);
+          Tensor x = sample(d, shape, 31);
+          if (is_floating(d)) x = where(reshape(arange(0, static_cast<double>(x.size())), shape) == 7, full({}, NAN, d), x);
+          const Tensor want = cumsum(x, axis, reverse);
+          const auto b = detail::cumsum::block(shape, axis);
+          const Tensor got = simulated_cumsum(detail::cumsum::Kernel::by_block, x, want, b, reverse,
+                                              detail::cumsum::by_block_count(b, 1), threads);
+          // Rounding errors grow with the running sum, not with the value: to scale.
+          if (is_floating(d)) check_near(got, want, tolerance(d));
+          else CHECK(got.to_vector<std::int64_t>() == want.to_vector<std::int64_t>());
+        }
+}
+
+TEST_CASE("cuda kernels: cumsum takes a block per column for long rows and for few long columns, else a thread") {
+  using detail::cumsum::Kernel;
+  const auto kernel = [](Shape shape, std::optional<std::int64_t> axis) {
+    return detail::cumsum::kernel_for(detail::cumsum::block(shape, axis), 132);
+  };
+  CHECK(kernel({1 << 22}, std::nullopt) == Kernel::by_block);
+  CHECK(kernel({4096, 1024}, 1) == Kernel::by_block);
+  CHECK(kernel({4096, 1024}, 0) == Kernel::by_block);    // 1024 columns: a thread each would fill no GPU
+  CHECK(kernel({1 << 16, 64}, 1) == Kernel::by_thread);  // short rows
+  CHECK(kernel({1024, 1 << 16}, 0) == Kernel::by_thread);  // enough columns, read side by side
+  CHECK(kernel({8, 255}, 1) == Kernel::by_thread);
+}
+
+TEST_CASE("cuda kernels: both cumsum kernels compile for sm_90 in every dtype, with the entries their launches name") {
   REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
-  for (DType d : all_dtypes) {
-    CAPTURE(name(d));
-    const std::string ptx = backend::cuda::cuda_ptx(detail::cumsum::cuda_program(d), "cumsum.cu");
-    CHECK(ptx.find(".entry " + detail::cumsum::entry(d) + "(") != std::string::npos);
-  }
+  using detail::cumsum::Kernel;
+  for (DType d : all_dtypes)
+    for (const auto& [k, cub] : {std::pair{Kernel::by_thread, false}, {Kernel::by_block, false}, {Kernel::by_block, true}}) {
+      CAPTURE(name(d));
+      CAPTURE(cub);
+      const std::string entry = detail::cumsum::entry(d, k, cub);
+      const std::string ptx = backend::cuda::cuda_ptx(detail::cumsum::cuda_program(d, k, cub), entry + ".cu");
+      CHECK(ptx.find(".entry " + entry + "(") != std::string::npos);
+      CHECK((ptx.find("shfl.sync") != std::string::npos) == cub);  // CUB's BlockScan scans its warps by shuffles
+    }
 }
 
 TEST_CASE("cuda kernels: every convolution, pooling and batch_norm program compiles for sm_90, with the entries its launches name") {

@@ -456,7 +456,7 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK_THROWS_WITH_AS(sum(ones({2}, DType::float32, cuda(0)), 1), doctest::Contains("sum: axis 1"), AxisError);
   }
 
-  TEST_CASE("cuda fake: with HYBRA_CUDA_CUB, block combines are CUB's programs, under entry names of their own") {
+  TEST_CASE("cuda fake: with HYBRA_CUDA_CUB, block combines and scans are CUB's programs, under entry names of their own") {
     FakeDriver fake;
     Tensor x = ones({64, 10}, DType::float32, cuda(0));
     const long loads = fake.calls("cuModuleLoadData");
@@ -468,6 +468,9 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
       Tensor p = softmax(x);
       waitall();
       CHECK(fake.last_launch() == "hybra_softmax_float32_rows_cub");
+      Tensor c = cumsum(x);
+      waitall();
+      CHECK(fake.last_launch() == "hybra_cumsum_float32_by_block_cub");
     }
     // Switched back, the same ops launch the tree's entries again: a GPU's
     // functions are cached by name, so the two must never share one.
@@ -475,7 +478,13 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     Tensor s2 = sum(x, 1);
     waitall();
     CHECK(fake.last_launch() == "hybra_sum_float32_rows_in_out");
-    CHECK(fake.calls("cuModuleLoadData") >= loads + 2);
+    Tensor c2 = cumsum(x);
+    waitall();
+    CHECK(fake.last_launch() == "hybra_cumsum_float32_by_block");
+    Tensor c3 = cumsum(x, 1);  // rows of 10: a thread each, in the CPU's order
+    waitall();
+    CHECK(fake.last_launch() == "hybra_cumsum_float32");
+    CHECK(fake.calls("cuModuleLoadData") >= loads + 5);
   }
 
   TEST_CASE("cuda fake: a captured graph's reductions, argmax and softmax run in the plan's buffers and replay with it") {

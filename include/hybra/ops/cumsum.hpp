@@ -3,9 +3,12 @@
 // flattened tensor), from the first element or, with `reverse`, from the
 // last (TensorFlow's reverse: the gradient of each is the other). Integers
 // sum to int64 as hybra::sum does; floats keep their dtype and add in order
-// in it, as NumPy does, on either device. The whole op is this file: the
-// eager op on tensors and symbols, the entry of its GPU kernel
-// (kernels/cumsum.cuh) and every facet of ops/op.hpp.
+// in it, as NumPy does, on the CPU and on a GPU whose kernel has a thread
+// per column; where a GPU's block scans a long column (kernel_for), floats
+// agree with the CPU's to rounding and integers exactly. The whole op is
+// this file: the eager op on tensors and symbols, the entries of its GPU
+// kernels (kernels/cumsum.cuh) and every facet of ops/op.hpp.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -20,6 +23,7 @@
 #include "../expr/evaluate.hpp"
 #include "../backend/cuda/launch.hpp"
 #include "../backend/cuda/ptx.hpp"
+#include "../backend/cuda/reduce.hpp"
 #include "../backend/cuda/source.hpp"
 #include "layout.hpp"
 #include "op.hpp"
@@ -70,30 +74,71 @@ void scan(const In* x, Out* y, Block b, bool reverse) {
   });
 }
 
-inline std::string entry(DType in) { return hybra::detail::concat("hybra_cumsum_", name(in)); }
+// The two GPU kernels of kernels/cumsum.cuh, and by_block's threads per
+// block (its scan_block_threads).
+enum class Kernel { by_thread, by_block };
+constexpr unsigned block_threads = backend::cuda::Gpu::threads_per_block;
 
-// The NVRTC program of one input dtype: one entry (x, y, outer, R, inner, reverse).
-inline std::string cuda_program(DType in) {
-  const std::string X(backend::cuda::cuda_type(in)), Y(backend::cuda::cuda_type(result_dtype(in)));
-  return hybra::detail::concat("#include <kernels/cumsum.cuh>\n\nextern \"C\" __global__ void __launch_bounds__(256) ",
-                               entry(in), "(const ", X, "* x, ", Y,
-                               "* y, long long outer, long long R, long long inner, bool reverse) {\n"
-                               "  hybra::kernels::cumsum(x, y, outer, R, inner, reverse);\n}\n");
+// A block per column where a thread per column would leave a GPU idle or
+// read it badly: columns long enough to give each of a block's threads an
+// element, and either rows (inner == 1: a thread per row reads a row apart
+// from its warp's neighbours) or too few columns to give each
+// multiprocessor a block's worth of threads.
+inline Kernel kernel_for(Block b, int multiprocessors) {
+  const bool long_columns = b.R >= i64{block_threads};
+  const bool few_columns = b.outer * b.inner < i64{std::max(1, multiprocessors)} * block_threads;
+  return long_columns && (b.inner == 1 || few_columns) ? Kernel::by_block : Kernel::by_thread;
 }
 
-// A contiguous x of dtype `in`, laid out as b, on a GPU.
-inline backend::cuda::CudaLaunch cuda_launch(Block b, bool reverse, DType in, backend::cuda::Gpu& gpu) {
-  const std::string& ptx = backend::cuda::program_ptx(entry(in), gpu.arch(), [in] { return cuda_program(in); });
-  const backend::cuda::ElementwiseGrid grid = backend::cuda::grid_over(b.outer * b.inner, gpu.info().multiprocessors);
-  return {0, [&ptx, b, reverse, in, grid](backend::cuda::Gpu& gpu, std::span<const void* const> operands, void* out,
-                                          void*) {
+// The entry of one kernel for one input dtype; by_block's names its block
+// scan's version too (a GPU caches its functions by name).
+inline std::string entry(DType in, Kernel k, bool cub) {
+  if (k == Kernel::by_thread) return hybra::detail::concat("hybra_cumsum_", name(in));
+  return hybra::detail::concat("hybra_cumsum_", name(in), "_by_block", backend::cuda::block_combine_suffix(cub));
+}
+
+// The NVRTC program of one kernel for one input dtype: one entry (x, y,
+// outer, R, inner, reverse).
+inline std::string cuda_program(DType in, Kernel k, bool cub) {
+  const std::string X(backend::cuda::cuda_type(in)), Y(backend::cuda::cuda_type(result_dtype(in)));
+  return hybra::detail::concat(
+      k == Kernel::by_block ? backend::cuda::block_combine_define(cub) : "",
+      "#include <kernels/cumsum.cuh>\n\nextern \"C\" __global__ void __launch_bounds__(256) ", entry(in, k, cub),
+      "(const ", X, "* x, ", Y, "* y, long long outer, long long R, long long inner, bool reverse) {\n",
+      "  hybra::kernels::", k == Kernel::by_block ? "cumsum_by_block" : "cumsum_by_thread",
+      "(x, y, outer, R, inner, reverse);\n}\n");
+}
+
+// by_block's grid: a block per column, up to enough blocks to fill every
+// multiprocessor (8 of block_threads each); more columns take turns.
+inline unsigned by_block_count(Block b, int multiprocessors) {
+  return static_cast<unsigned>(std::clamp<i64>(b.outer * b.inner, 1, i64{std::max(1, multiprocessors)} * 8));
+}
+
+// A contiguous x of dtype `in`, laid out as b, on a GPU, through kernel k.
+inline backend::cuda::CudaLaunch cuda_launch(Block b, bool reverse, DType in, backend::cuda::Gpu& gpu, Kernel k) {
+  const bool cub = k == Kernel::by_block && backend::cuda::cub_block_combine();
+  const std::string function = entry(in, k, cub);
+  const std::string& ptx =
+      backend::cuda::program_ptx(function, gpu.arch(), [in, k, cub] { return cuda_program(in, k, cub); });
+  const int sms = gpu.info().multiprocessors;
+  const backend::cuda::ElementwiseGrid grid =
+      k == Kernel::by_thread
+          ? backend::cuda::grid_over(b.outer * b.inner, sms)
+          : backend::cuda::ElementwiseGrid{by_block_count(b, sms), block_threads};
+  return {0, [&ptx, function, b, reverse, grid](backend::cuda::Gpu& gpu, std::span<const void* const> operands,
+                                                void* out, void*) {
             if (b.outer * b.R * b.inner == 0) return;
             const void* x = operands[0];
             long long outer = b.outer, R = b.R, inner = b.inner;
             bool backwards = reverse;
             void* args[] = {&x, &out, &outer, &R, &inner, &backwards};
-            gpu.launch_grid(gpu.function(ptx, entry(in)), grid.blocks, grid.threads, args, "cumsum");
+            gpu.launch_grid(gpu.function(ptx, function), grid.blocks, grid.threads, args, "cumsum");
           }};
+}
+
+inline backend::cuda::CudaLaunch cuda_launch(Block b, bool reverse, DType in, backend::cuda::Gpu& gpu) {
+  return cuda_launch(b, reverse, in, gpu, kernel_for(b, gpu.info().multiprocessors));
 }
 
 inline Tensor run(Tensor x, std::optional<i64> axis, bool reverse) {
@@ -169,7 +214,8 @@ struct cumsum {
     const auto& x = r.inputs[0].node().meta.dtype;
     const auto want = r.attr("dtype");
     if (want && *want != hybra::name(*y.node().meta.dtype)) return r.make("astype", {{"dtype", *want}}, {y});
-    if (!want && x && *x != *y.node().meta.dtype) return r.make("astype", {{"dtype", std::string(hybra::name(*x))}}, {y});
+    if (!want && x && *x != *y.node().meta.dtype)
+      return r.make("astype", {{"dtype", std::string(hybra::name(*x))}}, {y});
     return y;
   }
 };
