@@ -9,8 +9,21 @@ find_dependency(Boost 1.81 CONFIG COMPONENTS json)
 if(NOT DEFINED HYBRA_OPENMP OR HYBRA_OPENMP)
   find_dependency(OpenMP)
 endif()
+# OpenBLAS (backend/cpu/blas.hpp calls its own API too: blasint,
+# openblas_set_num_threads). A package's config runs in its consumer's
+# scope, so the consumer's own BLA_VENDOR, set or not, is put back after.
+set(hybra_consumer_bla_vendor_defined FALSE)
+if(DEFINED BLA_VENDOR)
+  set(hybra_consumer_bla_vendor_defined TRUE)
+  set(hybra_consumer_bla_vendor "${BLA_VENDOR}")
+endif()
 set(BLA_VENDOR OpenBLAS)
 find_dependency(BLAS)
+if(hybra_consumer_bla_vendor_defined)
+  set(BLA_VENDOR "${hybra_consumer_bla_vendor}")
+else()
+  unset(BLA_VENDOR)
+endif()
 # zlib reads the gzip-compressed IDX files of datasets (include/hybra/data/).
 find_dependency(ZLIB)
 

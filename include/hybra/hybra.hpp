@@ -16,6 +16,7 @@
 #pragma clang diagnostic push
 #pragma clang diagnostic ignored "-Wpass-failed"
 #endif
+#include "core/version.hpp"
 #include "eager.hpp"
 #include "autograd/backward.hpp"
 #include "graph/graph.hpp"

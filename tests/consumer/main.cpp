@@ -1,8 +1,9 @@
 // Computes a fused expression through the public header and checks the values;
 // with GCC (CMakeLists.txt), trains a small hybridized network a few steps, so
 // the build compiles what a training program compiles (autograd's rules, the
-// optimizers); and, where NVRTC is, compiles a GPU reduction from the device
-// code (kernels/) the package ships, found where it was installed.
+// optimizers); where NVRTC is, compiles a GPU reduction from the device
+// code (kernels/) the package ships, found where it was installed; and checks
+// that the version the build found is the headers' (HYBRA_CONSUMER_EXPECTS_VERSION).
 #include <hybra/hybra.hpp>
 
 #include <cmath>
@@ -61,5 +62,14 @@ int main() {
   } else {
     std::printf(" (no NVRTC here: not compiled)\n");
   }
+
+  // The version the build system found (CMake's package, pkg-config's
+  // --modversion) is the one the headers say.
+#ifdef HYBRA_CONSUMER_EXPECTS_VERSION
+  const bool same_version = hybra::version == HYBRA_CONSUMER_EXPECTS_VERSION;
+  std::printf("hybra %s, found as %s: %s\n", std::string(hybra::version).c_str(), HYBRA_CONSUMER_EXPECTS_VERSION,
+              same_version ? "PASS" : "FAIL");
+  ok = ok && same_version;
+#endif
   return ok ? 0 : 1;
 }

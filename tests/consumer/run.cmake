@@ -1,6 +1,8 @@
 # Builds and runs tests/consumer the way a user would (see tests/CMakeLists.txt):
 #   MODE=find_package      install hybra from BUILD_DIR into a fresh prefix, then
-#                          find_package(hybra 0.1 CONFIG REQUIRED) with CMAKE_PREFIX_PATH=<prefix>
+#                          find_package(hybra 0.1 CONFIG REQUIRED) with CMAKE_PREFIX_PATH=<prefix>;
+#                          and the same program built by the compiler alone with
+#                          `pkg-config --cflags --libs hybra` from that prefix
 #   MODE=add_subdirectory  add_subdirectory(<hybra source tree>)
 # Prints PASS/FAIL; fails on any error.
 cmake_minimum_required(VERSION 3.25)
@@ -54,4 +56,23 @@ endif()
 step("build" ${CMAKE_COMMAND} --build ${bin})
 step("run" ${bin}/consumer)
 string(STRIP "${step_output}" result)
+
+# Without CMake: the same program built with the flags pkg-config gives for
+# the installed hybra.pc, and the version pkg-config reads checked against
+# the headers'.
+if(MODE STREQUAL "find_package")
+  find_program(PKG_CONFIG pkg-config REQUIRED)
+  file(GLOB_RECURSE pc_file ${prefix}/hybra.pc)
+  get_filename_component(pc_dir "${pc_file}" DIRECTORY)
+  set(ENV{PKG_CONFIG_PATH} "${pc_dir}")
+  step("pkg-config --modversion hybra" ${PKG_CONFIG} --modversion hybra)
+  string(STRIP "${step_output}" pc_version)
+  step("pkg-config --cflags --libs hybra" ${PKG_CONFIG} --cflags --libs hybra)
+  separate_arguments(pc_flags UNIX_COMMAND "${step_output}")
+  step("build with pkg-config's flags" ${CXX} -O1 -Wall -Wextra -Werror ${SOURCE_DIR}/tests/consumer/main.cpp
+       "-DHYBRA_CONSUMER_EXPECTS_VERSION=\"${pc_version}\"" -o ${work}/consumer_pkg_config ${pc_flags})
+  step("run the pkg-config build" ${work}/consumer_pkg_config)
+  string(STRIP "${step_output}" pc_result)
+  string(APPEND result "\n  through pkg-config: ${pc_result}")
+endif()
 message(STATUS "PASS: consumer (${MODE}): ${result}")
