@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <hybra/hybra.hpp>
+#include <limits>
+#include <string>
+#include <utility>
 
 #include "reference.hpp"
 
@@ -247,4 +250,41 @@ TEST_CASE("bad input to a hybridized block: a clear error, from the call") {
                        doctest::Contains("_weight' has no copy on cpu(1) (it lives on cpu(0)); initialize its block on that device"),
                        DeviceError);
   CHECK_THROWS_AS(net(Tensor{}), ValueError);
+}
+
+TEST_CASE("nn: accuracy, top-k accuracy and cross-entropy accumulate over batches, as Gluon's metrics") {
+  const Tensor preds = reshape(array({0.1f, 0.7f, 0.2f, 0.5f, 0.3f, 0.2f, 0.2f, 0.2f, 0.6f, 0.3f, 0.4f, 0.3f}), {4, 3});
+  const Tensor labels = array({1, 1, 2, 0});
+  nn::Accuracy accuracy;
+  nn::TopKAccuracy top2(2);
+  nn::CrossEntropy cross_entropy;
+  CHECK(std::isnan(accuracy.get().second));  // nothing seen yet
+  for (nn::EvalMetric* m : {static_cast<nn::EvalMetric*>(&accuracy), static_cast<nn::EvalMetric*>(&top2),
+                            static_cast<nn::EvalMetric*>(&cross_entropy)})
+    m->update(labels, preds);
+  CHECK(accuracy.get() == std::pair<std::string, double>{"accuracy", 0.5});  // rows 0 and 2
+  CHECK(top2.get() == std::pair<std::string, double>{"top_k_accuracy_2", 1.0});
+  const double ce = -(std::log(0.7) + std::log(0.3) + std::log(0.6) + std::log(0.3)) / 4;
+  CHECK(cross_entropy.get().second == doctest::Approx(ce).epsilon(1e-6));
+  // A second batch adds to the first; labels of another dtype are read as indices.
+  accuracy.update(array({2.0, 0.0}), reshape(array({0.0, 0.0, 1.0, 0.9, 0.1, 0.0}), {2, 3}));
+  CHECK(accuracy.get().second == doctest::Approx(4.0 / 6));
+  accuracy.reset();
+  CHECK(std::isnan(accuracy.get().second));
+  // A NaN score of the label is a miss; a NaN elsewhere outranks the label.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  accuracy.update(array({0, 0}), reshape(array({nan, 1.0f, 1.0f, nan}), {2, 2}));
+  CHECK(accuracy.get().second == 0);
+}
+
+TEST_CASE("nn: a metric given labels and predictions that do not match says which and why") {
+  nn::Accuracy accuracy;
+  const Tensor preds = zeros({4, 3});
+  CHECK_THROWS_WITH_AS(accuracy.update(zeros({4, 1}), preds),
+                       "accuracy: labels must be (N) and preds (N, C), not labels (4, 1) and preds (4, 3)", ShapeError);
+  CHECK_THROWS_WITH_AS(accuracy.update(array({0, 1, 3, 0}), preds),
+                       "accuracy: label 3 of sample 2 is not a class index in [0, 3)", ValueError);
+  CHECK_THROWS_WITH_AS(accuracy.update(array({0.0, 1.5, 0.0, 0.0}), preds),
+                       "accuracy: label 1.5 of sample 1 is not a class index in [0, 3)", ValueError);
+  CHECK(std::isnan(accuracy.get().second));  // a rejected batch adds nothing
 }

@@ -1,7 +1,12 @@
 // Optimizers (optim/): SGD and Adam against plain loops of MXNet's update
 // rules over several steps, per-index state, create() by name, operand
-// errors, in-place updates, and that an update queues its work without waiting.
+// errors, in-place updates, and that an update queues its work without
+// waiting; learning-rate schedules against MXNet's values, the Trainer
+// following one, and clipping by global norm.
+#include <hybra/optim/clip.hpp>
+#include <hybra/optim/lr_scheduler.hpp>
 #include <hybra/optim/optimizer.hpp>
+#include <hybra/optim/trainer.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -437,4 +442,96 @@ TEST_CASE("optim: an update queues its work and returns without waiting for the 
     CHECK(v.front() == doctest::Approx(want).epsilon(1e-5));
     CHECK(v.back() == doctest::Approx(want).epsilon(1e-5));
   }
+}
+
+// The values MXNet 1.9.1's mx.lr_scheduler gives for the same settings, for
+// num_update 1, 2, ... (printed from Python, rounded to 6 digits).
+TEST_CASE("optim: learning-rate schedules give MXNet's rates, warm-up included") {
+  auto check = [](const optim::LRScheduler& s, const std::vector<double>& mxnet) {
+    for (std::size_t k = 0; k < mxnet.size(); ++k) {
+      CAPTURE(k + 1);
+      CHECK(s(static_cast<std::int64_t>(k + 1)) == doctest::Approx(mxnet[k]).epsilon(1e-6));
+    }
+  };
+  check(optim::FactorScheduler({.step = 3, .factor = 0.5, .base_lr = 1, .stop_factor_lr = 0.2, .warmup = {2, 0.1}}),
+        {0.55, 1.0, 1.0, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.2, 0.2, 0.2, 0.2});
+  check(optim::MultiFactorScheduler({.steps = {2, 5}, .factor = 0.1, .base_lr = 1}),
+        {1.0, 1.0, 0.1, 0.1, 0.1, 0.01, 0.01});
+  check(optim::CosineScheduler({.max_update = 10, .base_lr = 1, .final_lr = 0.1, .warmup = {2, 0}}),
+        {0.5, 1.0, 0.965746, 0.868198, 0.722208, 0.55, 0.377792, 0.231802, 0.134254, 0.1, 0.1, 0.1});
+  check(optim::PolyScheduler({.max_update = 10, .base_lr = 1, .power = 2, .final_lr = 0.1}),
+        {0.829, 0.676, 0.541, 0.424, 0.325, 0.244, 0.181, 0.136, 0.109, 0.1, 0.1, 0.1});
+  check(optim::FactorScheduler({.step = 2, .factor = 0.5, .base_lr = 1, .warmup = {3, 0.25, optim::WarmupMode::constant}}),
+        {0.25, 0.25, 0.5, 0.5, 0.25});
+}
+
+TEST_CASE("optim: a schedule's settings out of range are errors naming the scheduler") {
+  CHECK_THROWS_WITH_AS(optim::FactorScheduler({.step = 0}), "FactorScheduler: step must be >= 1, not 0", ValueError);
+  CHECK_THROWS_WITH_AS(optim::FactorScheduler({.step = 2, .factor = 1.5}),
+                       "FactorScheduler: factor must lie in (0, 1], not 1.5", ValueError);
+  CHECK_THROWS_WITH_AS(optim::MultiFactorScheduler({.steps = {5, 3}, .factor = 0.5}),
+                       "MultiFactorScheduler: steps must increase from 1 up; step 1 is 3", ValueError);
+  CHECK_THROWS_WITH_AS(optim::CosineScheduler({.max_update = 4, .warmup = {4, 0}}),
+                       "CosineScheduler: max_update (4) must exceed warmup_steps (4)", ValueError);
+  CHECK_THROWS_WITH_AS(optim::PolyScheduler({.max_update = 10, .base_lr = 0.1, .warmup = {2, 0.5}}),
+                       "PolyScheduler: warmup_begin_lr must lie in [0, base_lr = 0.1], not 0.5", ValueError);
+}
+
+TEST_CASE("optim: the Trainer takes each step's rate from its scheduler, counted over the whole run") {
+  nn::ParameterDict params;
+  const nn::Parameter w("w", Shape{2});  // a handle: the dict's entry is the same parameter
+  params.add(w);
+  params.initialize(nn::init::Constant(1));
+  Trainer trainer(params, "sgd", {{"learning_rate", 5}});
+  trainer.set_lr_scheduler(std::make_shared<optim::MultiFactorScheduler>(
+      optim::MultiFactorScheduler::Options{.steps = {2}, .factor = 0.5, .base_lr = 0.1}));
+  CHECK_THROWS_WITH_AS(trainer.set_learning_rate(1), doctest::Contains("a learning-rate scheduler sets it"), ValueError);
+  // Each step: w -= lr * grad with grad 1: 0.1, 0.1, then 0.05.
+  std::vector<double> rates, values;
+  for (int step = 0; step < 3; ++step) {
+    w.grad().assign(ones({2}));
+    trainer.step(1);
+    rates.push_back(trainer.learning_rate());
+    values.push_back(w.data().to_vector<double>()[0]);
+  }
+  CHECK(rates == std::vector<double>{0.1, 0.1, 0.05});
+  CHECK(values[2] == doctest::Approx(1 - 0.1 - 0.1 - 0.05));
+  trainer.set_lr_scheduler(nullptr);
+  trainer.set_learning_rate(0.5);
+  CHECK(trainer.learning_rate() == 0.5);
+}
+
+TEST_CASE("optim: clip_global_norm scales to max_norm only above it, and leaves non-finite gradients to the caller") {
+  std::vector<Tensor> grads = {array({3.0f, 4.0f}), array({12.0})};
+  CHECK(optim::clip_global_norm(grads, 20) == doctest::Approx(13));
+  CHECK(grads[0].to_vector<float>() == std::vector<float>{3, 4});  // below max_norm: as they were
+  CHECK(optim::clip_global_norm(grads, 6.5) == doctest::Approx(13));
+  CHECK(grads[0].to_vector<double>()[1] == doctest::Approx(2).epsilon(1e-6));
+  CHECK(grads[1].to_vector<double>()[0] == doctest::Approx(6).epsilon(1e-6));
+  CHECK(grads[0].dtype() == DType::float32);
+  std::vector<Tensor> bad = {array({1.0f, std::numeric_limits<float>::quiet_NaN()})};
+  CHECK(std::isnan(optim::clip_global_norm(bad, 1)));
+  CHECK(bad[0].to_vector<float>()[0] == 1);
+  std::vector<Tensor> ints = {array({1, 2})};
+  CHECK_THROWS_WITH_AS(optim::clip_global_norm(ints, 1), "clip_global_norm: arrays must be float32 or float64, not int32",
+                       DTypeError);
+  CHECK_THROWS_WITH_AS(optim::clip_global_norm(grads, 0), "clip_global_norm: max_norm must be > 0, not 0", ValueError);
+}
+
+TEST_CASE("optim: the Trainer clips the summed gradients once per parameter and scales every device's copy") {
+  nn::ParameterDict params;
+  const nn::Parameter w("w", Shape{2});
+  params.add(w);
+  params.initialize(nn::init::Zero(), {cpu(0), cpu(1)});
+  Trainer trainer(params, "sgd", {{"learning_rate", 1}});
+  for (Tensor g : w.list_grad()) g.assign(array({1.5f, 2.0f}));
+  trainer.allreduce_grads();  // each copy: (3, 4), norm 5
+  CHECK(trainer.clip_global_norm(2.5) == doctest::Approx(5));
+  for (const Tensor& g : w.list_grad()) {
+    CHECK(g.to_vector<double>()[0] == doctest::Approx(1.5).epsilon(1e-6));
+    CHECK(g.to_vector<double>()[1] == doctest::Approx(2).epsilon(1e-6));
+  }
+  trainer.update(1);
+  CHECK(w.list_data()[0].to_vector<double>() == w.list_data()[1].to_vector<double>());
+  CHECK_THROWS_WITH_AS(trainer.clip_global_norm(-1), "clip_global_norm: max_norm must be > 0, not -1", ValueError);
 }
