@@ -86,10 +86,10 @@ void BM_cuda_softmax(benchmark::State& state) {
 BENCHMARK(BM_cuda_softmax)->ArgName("cub")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // cumsum of 2^26 float32 values through each of its kernels, forced where
-// ops/cumsum.hpp's rule would pick the other, so that the run shows where
-// the rule should fall: one row (a block; a thread alone would take
-// seconds), rows of 1024, and 1024 columns of 2^16 (axis 0). Bytes read and
-// written.
+// ops/cumsum.hpp's rule would pick another, so that the run shows where the
+// rule should fall: one row (a block or chunks; a thread alone would take
+// seconds), 64 rows of 2^20, rows of 1024, and 1024 columns of 2^16 (axis
+// 0). Bytes read and written.
 void BM_cuda_cumsum(benchmark::State& state, Shape shape, std::int64_t axis, detail::cumsum::Kernel kernel) {
   const backend::cuda::CubBlockCombineScope combine(state.range(0) != 0);  // argument cub
   const Tensor a = random_normal(shape, 0, 1, DType::float32, cuda(0));
@@ -104,6 +104,12 @@ void BM_cuda_cumsum(benchmark::State& state, Shape shape, std::int64_t axis, det
 }
 BENCHMARK_CAPTURE(BM_cuda_cumsum, row_by_block, Shape{n}, 0, detail::cumsum::Kernel::by_block)
     ->ArgName("cub")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_cumsum, row_by_chunks, Shape{n}, 0, detail::cumsum::Kernel::by_chunks)
+    ->ArgName("cub")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_cumsum, rows_64_by_block, Shape{64, n / 64}, 1, detail::cumsum::Kernel::by_block)
+    ->ArgName("cub")->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_cumsum, rows_64_by_chunks, Shape{64, n / 64}, 1, detail::cumsum::Kernel::by_chunks)
+    ->ArgName("cub")->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_cuda_cumsum, rows_by_thread, Shape{n / 1024, 1024}, 1, detail::cumsum::Kernel::by_thread)
     ->ArgName("cub")->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_cuda_cumsum, rows_by_block, Shape{n / 1024, 1024}, 1, detail::cumsum::Kernel::by_block)

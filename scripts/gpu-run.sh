@@ -6,9 +6,9 @@
 # A session that is lent a GPU builds the bundle and runs this FIRST, before any other work (docs/cuda.md).
 # It unpacks the archive (into $TMPDIR), adds to its kernel cache the kernels of every kernels*.tar.gz beside
 # it (what an earlier run compiled there and sent back), then runs, in order, each part under a time limit of
-# its own: the environment (GPU, driver, toolkit, libraries, glibc, CPU); the `gpu` test cases;
-# examples/cuda_fusion; a short training run of LeNet on cuda0 (hybridized, then eager) and one epoch of D2L's
-# ResNet-18 on a slice of Fashion-MNIST; bench_cuda; the same
+# its own: the environment (GPU, driver, toolkit, libraries, glibc, CPU); the `gpu` test cases (with each op's
+# block combine, then the tree's on every op); examples/cuda_fusion; a short training run of LeNet on cuda0
+# (hybridized, then eager) and one epoch of D2L's ResNet-18 on a slice of Fashion-MNIST; bench_cuda; the same
 # workloads in PyTorch (benchmarks/peers/torch_gpu.py: eager, torch.compile, CUDA graphs); bench_cuda once
 # more, so that machine drift shows between the two. A skipped GPU test is a failure here. On a test failure
 # the failing cases run again with HYBRA_CUDA_SYNC=1, so that the op that failed names itself. Writes at most
@@ -18,7 +18,7 @@
 #   next run: put it beside the archive).
 # Exits non-zero if any part failed. HYBRA_GPU_PARTS picks parts (default "tests fusion train bench peer";
 # "profile" adds Nsight Compute's per-kernel summary of bench_cuda's sum, softmax and hybridized MLP, in
-# programs.log).
+# programs.log). HYBRA_GPU_FILTER, a regex, keeps the bench_cuda and peer cases whose names it matches.
 #
 # HYBRA_GPU_STANDIN=1 runs it here, on the stand-in driver, cuBLAS and NCCL the bundle carries (fake/): the
 # stand-in records launches without running them, so values are not checked (the tests' failures are
@@ -135,18 +135,29 @@ tests_log=$out/tests.log programs_log=$out/programs.log
 note "gpu-run.sh: $(grep '^mode' "$out/env.txt" | cut -d' ' -f2-), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1)"
 note "$(printf '%-28s %4ds  %3d kernels in the cache' unpack "$unpack_seconds" "$(kernels)")"
 
-if wants tests; then
-  # 1. The `gpu` test cases. "no GPU:" means they skipped: a failure here.
-  if ! part "gpu tests" 150 "$tests_log" "${tests_env[@]}" "$bin/hybra_gpu_tests" --no-skip -ts=gpu --duration=true; then
+# gpu_tests LABEL [VAR=VALUE...]: the `gpu` test cases with the block combine the variables choose; on a
+# failure, the failing cases once more with HYBRA_CUDA_SYNC=1.
+gpu_tests() {
+  local label=$1; shift
+  local mark
+  mark=$(wc -l <"$tests_log")
+  if ! part "$label" 150 "$tests_log" "${tests_env[@]}" "$@" "$bin/hybra_gpu_tests" --no-skip -ts=gpu --duration=true; then
     counted false
     if [[ $standin != 1 ]]; then
       # doctest's filters split at commas, which test names hold: each comma becomes the wildcard '?'.
-      failing=$(awk '/^TEST CASE:/ { sub(/^TEST CASE: +/, ""); name = $0 } /ERROR:/ { print name }' "$tests_log" |
+      failing=$(tail -n +"$((mark + 1))" "$tests_log" |
+                awk '/^TEST CASE:/ { sub(/^TEST CASE: +/, ""); name = $0 } /ERROR:/ { print name }' |
                 sed 's/,/?/g' | sort -u | paste -sd, -)
-      part "gpu tests, failing, sync" 120 "$tests_log" "${tests_env[@]}" HYBRA_CUDA_SYNC=1 "$bin/hybra_gpu_tests" --no-skip \
-        "--test-case=${failing:-gpu*}" || true
+      part "$label, failing, sync" 120 "$tests_log" "${tests_env[@]}" "$@" HYBRA_CUDA_SYNC=1 "$bin/hybra_gpu_tests" \
+        --no-skip "--test-case=${failing:-gpu*}" || true
     fi
   fi
+}
+if wants tests; then
+  # 1. The `gpu` test cases: with each op's block combine (docs/cuda.md), then with the tree's forced on every
+  # op (HYBRA_CUDA_CUB=0, the fallback). "no GPU:" means they skipped: a failure here.
+  gpu_tests "gpu tests"
+  gpu_tests "gpu tests, tree" HYBRA_CUDA_CUB=0
   grep -q "^no GPU:" "$tests_log" && { note "gpu tests: SKIPPED (no GPU): a failure"; failed=1; }
   grep -E '^\[doctest\] (test cases|assertions)' "$tests_log" | tee -a "$summary"
   if [[ $standin == 1 ]]; then  # the stand-in's wrong values: tens of thousands of failed checks
@@ -175,6 +186,11 @@ fi
 # 3. bench_cuda, the PyTorch peer, bench_cuda again (A B A: drift shows as A's two runs disagreeing).
 bench_args=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=false --benchmark_min_time=0.3
             --benchmark_enable_random_interleaving=true)
+peer_args=()
+if [[ -n ${HYBRA_GPU_FILTER:-} ]]; then
+  bench_args+=("--benchmark_filter=$HYBRA_GPU_FILTER")
+  peer_args+=(--filter "$HYBRA_GPU_FILTER")
+fi
 if [[ $standin == 1 ]]; then
   # The stand-in computes products on the host: one short iteration of each case that compiles any kernel
   # (the GEMMs compile none).
@@ -187,7 +203,7 @@ bench() {
 wants bench && bench bench_cuda
 if [[ $standin != 1 ]] && wants peer; then
   part "torch peer" 180 "$programs_log" env PYTHONUNBUFFERED=1 python3 benchmarks/peers/torch_gpu.py \
-    --out "$out/torch_peer.json" || failed=1
+    --out "$out/torch_peer.json" "${peer_args[@]}" || failed=1
   wants bench && bench bench_cuda_again
 fi
 if [[ $standin != 1 ]] && wants profile; then

@@ -8,10 +8,12 @@ Each case is timed as bench_cuda times hybra: wall time per call, the caller wai
 every call (torch.cuda.synchronize, as hybra's wait_to_read), after warm-up calls (torch.compile's compile is
 timed apart, as `first call`). Each case runs --reps blocks of calls of at least --block seconds; the JSON
 holds each block's mean per call, and the table their median, min and max. Bandwidths count bytes read plus
-bytes written, as bench_cuda does.
+bytes written, as bench_cuda does. --filter REGEX keeps the cases whose names it matches (re.search), the copy
+always: given the regex given to bench_cuda's --benchmark_filter, the two run the same cases.
 """
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -86,7 +88,11 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--block", type=float, default=0.3)
     parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile's cases")
+    parser.add_argument("--filter", default="", help="run only the cases whose names this regex matches")
     args = parser.parse_args()
+
+    def want(name):
+        return re.search(args.filter, name) is not None
     dev = torch.device("cuda")
     results = []
 
@@ -101,8 +107,12 @@ def main():
         print(f"{name:40s} {r['median_s'] * 1e6:12.1f} us  (min {min(means) * 1e6:.1f}, max {max(means) * 1e6:.1f})"
               f"  {rate}", flush=True)
 
+    def case(name, fn, **extra):
+        if want(name):
+            record(name, timed(fn, **rep), **extra)
+
     def compiled(name, fn):
-        if args.no_compile:
+        if args.no_compile or not want(name):
             return None
         t = first_call(fn)
         print(f"{name}: first call (compile) {t:.1f} s", flush=True)
@@ -116,31 +126,37 @@ def main():
     record("copy", timed(lambda: dst.copy_(src), **rep), bytes_moved=8 * N)
     a = torch.rand(N, device=dev) * 2 - 1
     b = torch.ones(N, device=dev)
-    record("fusion_long/eager", timed(lambda: long_chain(a, b), **rep), bytes_moved=12 * N)
+    case("fusion_long/eager", lambda: long_chain(a, b), bytes_moved=12 * N)
     chain = torch.compile(long_chain)
     t = compiled("fusion_long/compile", lambda: chain(a, b))
     if t is not None:
         record("fusion_long/compile", timed(lambda: chain(a, b), **rep), bytes_moved=12 * N, first_call_s=t)
-    record("sum", timed(lambda: a.sum(), **rep), bytes_moved=4 * N)
+    case("sum", lambda: a.sum(), bytes_moved=4 * N)
     rows = torch.randn(N // 1024, 1024, device=dev)
-    record("softmax", timed(lambda: torch.softmax(rows, dim=1), **rep), bytes_moved=8 * N)
+    case("rows/sum", lambda: rows.sum(dim=1), bytes_moved=4 * N)
+    case("rows/argmax", lambda: rows.argmax(dim=1), bytes_moved=4 * N)
+    case("softmax", lambda: torch.softmax(rows, dim=1), bytes_moved=8 * N)
+    # bench_cuda's cumsum shapes: one row, 64 rows of 2^20, rows of 1024, 1024 columns of 2^16.
+    case("cumsum/row", lambda: torch.cumsum(a, 0), bytes_moved=8 * N)
+    case("cumsum/rows_64", lambda: torch.cumsum(a.view(64, N // 64), 1), bytes_moved=8 * N)
+    case("cumsum/rows", lambda: torch.cumsum(rows, 1), bytes_moved=8 * N)
+    case("cumsum/columns", lambda: torch.cumsum(rows, 0), bytes_moved=8 * N)
     small_a, small_b = torch.ones(1024, device=dev), torch.ones(1024, device=dev)
-    record("eager_small", timed(lambda: torch.relu(small_a * small_b + 2), **rep))
+    case("eager_small", lambda: torch.relu(small_a * small_b + 2))
     del src, dst, a, b, rows
 
     ga = torch.rand(GEMM_N, GEMM_N, device=dev) * 2 - 1
     gb = torch.rand(GEMM_N, GEMM_N, device=dev) * 2 - 1
     for tf32 in (False, True):
         torch.backends.cuda.matmul.allow_tf32 = tf32
-        record("gemm/" + ("tf32" if tf32 else "float32"), timed(lambda: torch.mm(ga, gb), **rep),
-               flops=2 * GEMM_N ** 3)
+        case("gemm/" + ("tf32" if tf32 else "float32"), lambda: torch.mm(ga, gb), flops=2 * GEMM_N ** 3)
     torch.backends.cuda.matmul.allow_tf32 = False
     del ga, gb
 
     with torch.no_grad():
         mlp = Mlp(2).to(dev).eval()
         x = torch.randn(1, 512, device=dev)
-        record("mlp/eager", timed(lambda: mlp(x), **rep))
+        case("mlp/eager", lambda: mlp(x))
         static_x = x.clone()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -151,7 +167,7 @@ def main():
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static_y = mlp(static_x)
-        record("mlp/cuda_graph", timed(lambda: graph.replay(), **rep))
+        case("mlp/cuda_graph", lambda: graph.replay())
         reduce = torch.compile(mlp, mode="reduce-overhead")
         t = compiled("mlp/compile_reduce_overhead", lambda: reduce(x))
         if t is not None:
@@ -160,6 +176,8 @@ def main():
             record("mlp/compile_reduce_overhead", timed(lambda: reduce(x), **rep), first_call_s=t)
 
     def train_case(name, model, features, compile_mode):
+        if not want(name):
+            return
         net = model.to(dev)
         opt = torch.optim.SGD(net.parameters(), lr=0.01)
         X = torch.randn(*features, device=dev)

@@ -579,7 +579,7 @@ TEST_CASE("cuda kernels: batch_norm on simulated threads is the CPU's, along any
 // cumsum of x, laid out as b, by one of kernels/cumsum.cuh's kernels on
 // simulated threads, in a tensor of the shape and dtype of `like` (the CPU's).
 Tensor simulated_cumsum(detail::cumsum::Kernel k, const Tensor& x, const Tensor& like, detail::cumsum::Block b,
-                        bool reverse, unsigned blocks, unsigned threads) {
+                        bool reverse, unsigned blocks, unsigned threads, std::int64_t chunk = 0) {
   Tensor got(like.shape(), like.dtype());
   x.wait_to_read();
   dispatch(x.dtype(), [&](auto tag) {
@@ -587,6 +587,16 @@ Tensor simulated_cumsum(detail::cumsum::Kernel k, const Tensor& x, const Tensor&
     using Out = std::conditional_t<std::is_floating_point_v<In>, In, std::int64_t>;
     const auto* in = static_cast<const In*>(x.raw_data());
     auto* out = static_cast<Out*>(got.raw_data());
+    if (k == detail::cumsum::Kernel::by_chunks) {
+      const std::int64_t columns = b.outer * b.inner;
+      std::vector<Out> totals(static_cast<std::size_t>(columns * ((b.R + chunk - 1) / chunk)));
+      simt::launch(blocks, threads,
+                   [&] { kernels::cumsum_chunk_totals(in, totals.data(), b.outer, b.R, b.inner, reverse, chunk); });
+      simt::launch(blocks, threads, [&] { kernels::cumsum_chunk_carries(totals.data(), columns, b.R, chunk); });
+      simt::launch(blocks, threads,
+                   [&] { kernels::cumsum_chunks(in, totals.data(), out, b.outer, b.R, b.inner, reverse, chunk); });
+      return;
+    }
     simt::launch(blocks, threads, [&] {
       if (k == detail::cumsum::Kernel::by_block) kernels::cumsum_by_block(in, out, b.outer, b.R, b.inner, reverse);
       else kernels::cumsum_by_thread(in, out, b.outer, b.R, b.inner, reverse);
@@ -640,29 +650,69 @@ TEST_CASE("cuda kernels: cumsum by block on simulated threads is the CPU's (inte
         }
 }
 
-TEST_CASE("cuda kernels: cumsum takes a block per column for long rows and for few long columns, else a thread") {
+// Chunks that do not end on a tile, a last chunk part-full, fewer blocks
+// than chunks (the grid's stride), columns strided by inner, and a NaN
+// that must reach every later sum of its column and none before it.
+TEST_CASE("cuda kernels: cumsum by chunks on simulated threads is the CPU's (integers exactly, floats to rounding)") {
+  for (DType d : all_dtypes)
+    for (const auto& [shape, axis] : std::vector<std::pair<Shape, std::optional<std::int64_t>>>{
+             {{5000}, std::nullopt}, {{2, 3000}, 1}, {{1200, 3}, 0}, {{2, 700, 2}, 1}})
+      for (bool reverse : {false, true})
+        for (const auto& [threads, chunk] : {std::pair{32u, std::int64_t{300}}, {64u, std::int64_t{1024}}}) {
+          CAPTURE(name(d));
+          CAPTURE(to_string(shape));
+          CAPTURE(reverse);
+          CAPTURE(chunk);
+          Tensor x = sample(d, shape, 32);
+          if (is_floating(d)) x = where(reshape(arange(0, static_cast<double>(x.size())), shape) == 7, full({}, NAN, d), x);
+          const Tensor want = cumsum(x, axis, reverse);
+          const Tensor got = simulated_cumsum(detail::cumsum::Kernel::by_chunks, x, want,
+                                              detail::cumsum::block(shape, axis), reverse, 5, threads, chunk);
+          if (is_floating(d)) check_near(got, want, tolerance(d));
+          else CHECK(got.to_vector<std::int64_t>() == want.to_vector<std::int64_t>());
+        }
+}
+
+static_assert(kernels::scan_block_threads * kernels::scan_items == detail::cumsum::tile_rows);
+
+TEST_CASE("cuda kernels: cumsum takes a block per long row or few long columns, chunks of a few very long ones, else a thread") {
   using detail::cumsum::Kernel;
   const auto kernel = [](Shape shape, std::optional<std::int64_t> axis) {
     return detail::cumsum::kernel_for(detail::cumsum::block(shape, axis), 132);
   };
-  CHECK(kernel({1 << 22}, std::nullopt) == Kernel::by_block);
+  CHECK(kernel({1 << 22}, std::nullopt) == Kernel::by_chunks);
+  CHECK(kernel({16 * 1024}, std::nullopt) == Kernel::by_chunks);
+  CHECK(kernel({16 * 1024 - 1}, std::nullopt) == Kernel::by_block);  // under 16 tiles: one block keeps up
+  CHECK(kernel({528, 1 << 16}, 1) == Kernel::by_chunks);  // 528 rows: half the 1056 block slots of 132 SMs
+  CHECK(kernel({529, 1 << 16}, 1) == Kernel::by_block);
   CHECK(kernel({4096, 1024}, 1) == Kernel::by_block);
   CHECK(kernel({4096, 1024}, 0) == Kernel::by_block);    // 1024 columns: a thread each would fill no GPU
   CHECK(kernel({1 << 16, 64}, 1) == Kernel::by_thread);  // short rows
   CHECK(kernel({1024, 1 << 16}, 0) == Kernel::by_thread);  // enough columns, read side by side
   CHECK(kernel({8, 255}, 1) == Kernel::by_thread);
+  // Enough chunks to fill the block slots, each of whole tiles.
+  CHECK(detail::cumsum::chunk_rows(detail::cumsum::block({1 << 26}, std::nullopt), 132) == 63 * 1024);
+  CHECK(detail::cumsum::chunk_rows(detail::cumsum::block({16 * 1024 + 1}, std::nullopt), 132) == 1024);
+  CHECK(detail::cumsum::chunk_rows(detail::cumsum::block({4, 1 << 20}, 1), 132) == 4 * 1024);
 }
 
-TEST_CASE("cuda kernels: both cumsum kernels compile for sm_90 in every dtype, with the entries their launches name") {
+TEST_CASE("cuda kernels: both cumsum programs compile for sm_90 in every dtype, with the entries their launches name") {
   REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
   using detail::cumsum::Kernel;
   for (DType d : all_dtypes)
     for (const auto& [k, cub] : {std::pair{Kernel::by_thread, false}, {Kernel::by_block, false}, {Kernel::by_block, true}}) {
       CAPTURE(name(d));
       CAPTURE(cub);
-      const std::string entry = detail::cumsum::entry(d, k, cub);
-      const std::string ptx = backend::cuda::cuda_ptx(detail::cumsum::cuda_program(d, k, cub), entry + ".cu");
-      CHECK(ptx.find(".entry " + entry + "(") != std::string::npos);
+      const std::string program = detail::cumsum::program_name(d, k, cub);
+      CHECK(detail::cumsum::program_name(d, Kernel::by_chunks, cub) == detail::cumsum::program_name(d, Kernel::by_block, cub));
+      const std::string ptx = backend::cuda::cuda_ptx(detail::cumsum::cuda_program(d, k, cub), program + ".cu");
+      const std::vector<std::string> entries =
+          k == Kernel::by_thread ? std::vector<std::string>{program}
+                                 : std::vector<std::string>{detail::cumsum::entry(d, "by_block", cub),
+                                                            detail::cumsum::entry(d, "chunk_totals", cub),
+                                                            detail::cumsum::entry(d, "chunk_carries", cub),
+                                                            detail::cumsum::entry(d, "by_chunks", cub)};
+      for (const std::string& e : entries) CHECK_MESSAGE(ptx.find(".entry " + e + "(") != std::string::npos, e);
       CHECK((ptx.find("shfl.sync") != std::string::npos) == cub);  // CUB's BlockScan scans its warps by shuffles
     }
 }

@@ -438,16 +438,16 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(p.shape() == x.shape());
     CHECK(fake.calls("cuModuleLoadData") == loads + 5);   // sum, mean, argmax, softmax, log_softmax of float32
     CHECK(fake.calls("cuLaunchKernel") == launches + 5);  // one step each: nothing here needs pieces
-    CHECK(fake.last_launch() == "hybra_log_softmax_float32_columns");
+    CHECK(fake.last_launch() == "hybra_log_softmax_float32_columns_cub");
     Tensor total = sum(ones({1 << 20}, DType::float32, cuda(0)));
     waitall();
     CHECK(fake.calls("cuLaunchKernel") == launches + 7);  // 2^20 elements: pieces, then their sum
-    CHECK(fake.last_launch() == "hybra_sum_float32_rows_acc_out");
+    CHECK(fake.last_launch() == "hybra_sum_float32_rows_acc_out_cub");
     Tensor columns = sum(x, 0);
     waitall();
     CHECK(fake.calls("cuModuleLoadData") == loads + 5);  // the sum's program serves every sum of float32
     CHECK(fake.calls("cuLaunchKernel") == launches + 8);
-    CHECK(fake.last_launch() == "hybra_sum_float32_columns_in_out");
+    CHECK(fake.last_launch() == "hybra_sum_float32_columns_in_out_cub");
     Tensor counted = mean(ones({3, 1}, DType::int32, cuda(0)), 1);  // nothing to reduce: a conversion
     waitall();
     CHECK(counted.dtype() == DType::float32);
@@ -456,35 +456,53 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK_THROWS_WITH_AS(sum(ones({2}, DType::float32, cuda(0)), 1), doctest::Contains("sum: axis 1"), AxisError);
   }
 
-  TEST_CASE("cuda fake: with HYBRA_CUDA_CUB, block combines and scans are CUB's programs, under entry names of their own") {
+  TEST_CASE("cuda fake: each op's block combine is its default (CUB for reductions, the tree for scans) unless one is forced, under entry names of its own") {
     FakeDriver fake;
     Tensor x = ones({64, 10}, DType::float32, cuda(0));
     const long loads = fake.calls("cuModuleLoadData");
+    const auto launched = [&](const auto& op) {
+      Tensor y = op();
+      waitall();
+      return fake.last_launch();
+    };
+    const auto row_sum = [&] { return sum(x, 1); };
+    const auto row_softmax = [&] { return softmax(x); };
+    const auto flat_cumsum = [&] { return cumsum(x); };
+    REQUIRE_FALSE(backend::cuda::block_combine_choice().forced().has_value());
+    CHECK(launched(row_sum) == "hybra_sum_float32_rows_in_out_cub");
+    CHECK(launched(row_softmax) == "hybra_softmax_float32_rows_cub");
+    CHECK(launched(flat_cumsum) == "hybra_cumsum_float32_by_block");
     {
       const backend::cuda::CubBlockCombineScope combine(true);
-      Tensor s = sum(x, 1);
-      waitall();
-      CHECK(fake.last_launch() == "hybra_sum_float32_rows_in_out_cub");
-      Tensor p = softmax(x);
-      waitall();
-      CHECK(fake.last_launch() == "hybra_softmax_float32_rows_cub");
-      Tensor c = cumsum(x);
-      waitall();
-      CHECK(fake.last_launch() == "hybra_cumsum_float32_by_block_cub");
+      CHECK(launched(row_sum) == "hybra_sum_float32_rows_in_out_cub");
+      CHECK(launched(flat_cumsum) == "hybra_cumsum_float32_by_block_cub");
     }
-    // Switched back, the same ops launch the tree's entries again: a GPU's
-    // functions are cached by name, so the two must never share one.
-    CHECK_FALSE(backend::cuda::cub_block_combine());
-    Tensor s2 = sum(x, 1);
-    waitall();
-    CHECK(fake.last_launch() == "hybra_sum_float32_rows_in_out");
-    Tensor c2 = cumsum(x);
-    waitall();
-    CHECK(fake.last_launch() == "hybra_cumsum_float32_by_block");
-    Tensor c3 = cumsum(x, 1);  // rows of 10: a thread each, in the CPU's order
-    waitall();
-    CHECK(fake.last_launch() == "hybra_cumsum_float32");
+    {
+      const backend::cuda::CubBlockCombineScope combine(false);
+      CHECK(launched(row_sum) == "hybra_sum_float32_rows_in_out");
+      CHECK(launched(row_softmax) == "hybra_softmax_float32_rows");
+      CHECK(launched(flat_cumsum) == "hybra_cumsum_float32_by_block");
+    }
+    // Put back, each op has its default again: a GPU's functions are cached
+    // by name, so the two versions must never share one.
+    CHECK_FALSE(backend::cuda::block_combine_choice().forced().has_value());
+    CHECK(launched(row_sum) == "hybra_sum_float32_rows_in_out_cub");
+    CHECK(launched([&] { return cumsum(x, 1); }) == "hybra_cumsum_float32");  // rows of 10: a thread each
     CHECK(fake.calls("cuModuleLoadData") >= loads + 5);
+  }
+
+  TEST_CASE("cuda fake: a long column's cumsum is three launches over chunks, with scratch for the chunks' sums") {
+    FakeDriver fake;
+    const Tensor x = ones({1 << 15}, DType::int32, cuda(0));
+    const long launches = fake.calls("cuLaunchKernel");
+    Tensor y = cumsum(x);
+    waitall();
+    CHECK(y.dtype() == DType::int64);
+    CHECK(fake.calls("cuLaunchKernel") == launches + 3);
+    CHECK(fake.last_launch() == "hybra_cumsum_int32_by_chunks");
+    const auto b = detail::cumsum::block(x.shape(), std::nullopt);
+    CHECK(detail::cumsum::kernel_for(b, 4) == detail::cumsum::Kernel::by_chunks);  // the stand-in's 4 multiprocessors
+    CHECK(detail::cumsum::cuda_launch(b, false, DType::int32, backend::cuda::gpu(0)).scratch_bytes == 32 * 8);
   }
 
   TEST_CASE("cuda fake: a captured graph's reductions, argmax and softmax run in the plan's buffers and replay with it") {
@@ -509,7 +527,7 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     // Per call: the kernels of a * 2 + 1 and exp(a), then one step each for softmax, argmax and the sums.
     CHECK(fake.calls("kernels run") == ran + 3 * 6);
     CHECK(fake.calls("cuLaunchKernel") == launched + 2 * 6);  // the first call's, and the recording's
-    CHECK(fake.last_launch() == "hybra_mean_float32_rows_in_out");
+    CHECK(fake.last_launch() == "hybra_mean_float32_rows_in_out_cub");
     CHECK(fake.calls("cuStreamBeginCapture") == captures + 1);
     CHECK(fake.calls("cuGraphLaunch") == replays + 2);
     CHECK(plan.graphs_recorded() == 1);

@@ -404,7 +404,11 @@ TEST_SUITE("gpu" * doctest::skip()) {
         REQUIRE(got[k].dtype() == want[k].dtype());
         const auto a = got[k].to_vector<double>(), b = want[k].to_vector<double>();
         REQUIRE(a.size() == b.size());
-        for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
+        // Sums in another order differ by rounding of their largest terms
+        // (a running sum near zero after large ones): to the output's scale.
+        double scale = 0;
+        for (double v : b) scale = std::max(scale, std::abs(v));
+        for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5).scale(scale));
       }
     }
     CHECK(on_gpu.graphs_recorded() == 1);
@@ -501,7 +505,8 @@ TEST_SUITE("gpu" * doctest::skip()) {
       same(batch_norm(gx, gamma.to(cuda(0)), beta.to(cuda(0)), mean.to(cuda(0)), var.to(cuda(0))),
            batch_norm(x, gamma, beta, mean, var), tolerance);
     }
-    CHECK(checked == 2 * (4 * 3 + 3 * 6 + 3));
+    // Per dtype: 3 per convolution, 6 per pooling window, 3 more.
+    CHECK(checked == 2 * (4 * 3 + 5 * 6 + 3));
   }
 
   TEST_CASE("gpu: LeNet trained on cuda(0), eager and hybridized, ends with the CPU's weights") {

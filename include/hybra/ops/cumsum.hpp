@@ -4,7 +4,7 @@
 // last (TensorFlow's reverse: the gradient of each is the other). Integers
 // sum to int64 as hybra::sum does; floats keep their dtype and add in order
 // in it, as NumPy does, on the CPU and on a GPU whose kernel has a thread
-// per column; where a GPU's block scans a long column (kernel_for), floats
+// per column; where a GPU's blocks scan long columns (kernel_for), floats
 // agree with the CPU's to rounding and integers exactly. The whole op is
 // this file: the eager op on tensors and symbols, the entries of its GPU
 // kernels (kernels/cumsum.cuh) and every facet of ops/op.hpp.
@@ -74,58 +74,118 @@ void scan(const In* x, Out* y, Block b, bool reverse) {
   });
 }
 
-// The two GPU kernels of kernels/cumsum.cuh, and by_block's threads per
-// block (its scan_block_threads).
-enum class Kernel { by_thread, by_block };
+// The GPU kernels of kernels/cumsum.cuh; the threads of a block of the
+// block scans (its scan_block_threads) and the rows of a tile (times its
+// scan_items).
+enum class Kernel { by_thread, by_block, by_chunks };
 constexpr unsigned block_threads = backend::cuda::Gpu::threads_per_block;
+constexpr i64 tile_rows = i64{block_threads} * 4;
+
+// The block scans' version unless one is forced on every op: the tree,
+// since CUB's BlockScan was slower on strided columns and no faster on rows
+// (docs/benchmarks.md).
+constexpr bool scan_cub_default = false;
+
+// The blocks that fill a GPU: 8 of block_threads per multiprocessor.
+inline i64 block_slots(int multiprocessors) { return i64{std::max(1, multiprocessors)} * 8; }
 
 // A block per column where a thread per column would leave a GPU idle or
 // read it badly: columns long enough to give each of a block's threads an
 // element, and either rows (inner == 1: a thread per row reads a row apart
 // from its warp's neighbours) or too few columns to give each
-// multiprocessor a block's worth of threads.
+// multiprocessor a block's worth of threads. Columns of many tiles too few
+// to fill half the block slots are cut into chunks, a block each.
 inline Kernel kernel_for(Block b, int multiprocessors) {
+  const i64 columns = b.outer * b.inner;
   const bool long_columns = b.R >= i64{block_threads};
-  const bool few_columns = b.outer * b.inner < i64{std::max(1, multiprocessors)} * block_threads;
-  return long_columns && (b.inner == 1 || few_columns) ? Kernel::by_block : Kernel::by_thread;
+  const bool few_columns = columns < i64{std::max(1, multiprocessors)} * block_threads;
+  if (!long_columns || (b.inner != 1 && !few_columns)) return Kernel::by_thread;
+  return b.R >= 16 * tile_rows && 2 * columns <= block_slots(multiprocessors) ? Kernel::by_chunks : Kernel::by_block;
 }
 
-// The entry of one kernel for one input dtype; by_block's names its block
-// scan's version too (a GPU caches its functions by name).
-inline std::string entry(DType in, Kernel k, bool cub) {
-  if (k == Kernel::by_thread) return hybra::detail::concat("hybra_cumsum_", name(in));
-  return hybra::detail::concat("hybra_cumsum_", name(in), "_by_block", backend::cuda::block_combine_suffix(cub));
+// by_chunks' chunk: whole tiles, enough chunks to fill the block slots.
+inline i64 chunk_rows(Block b, int multiprocessors) {
+  const i64 per_column = std::max<i64>(1, block_slots(multiprocessors) / std::max<i64>(1, b.outer * b.inner));
+  const i64 tiles = (b.R + tile_rows - 1) / tile_rows;
+  return (tiles + per_column - 1) / per_column * tile_rows;
 }
 
-// The NVRTC program of one kernel for one input dtype: one entry (x, y,
-// outer, R, inner, reverse).
+// A GPU caches its functions by name: each block scan's version names its
+// program's entries. by_thread's program has one entry; the block scans'
+// program has by_block's and by_chunks' three (chunk_totals, chunk_carries,
+// by_chunks, in launch order).
+inline std::string entry(DType in, std::string_view kernel, bool cub) {
+  return hybra::detail::concat("hybra_cumsum_", name(in), '_', kernel, backend::cuda::block_combine_suffix(cub));
+}
+inline std::string program_name(DType in, Kernel k, bool cub) {
+  return k == Kernel::by_thread ? hybra::detail::concat("hybra_cumsum_", name(in)) : entry(in, "by_block", cub);
+}
+
+// The NVRTC program of by_thread, or of the block scans, for one input
+// dtype.
 inline std::string cuda_program(DType in, Kernel k, bool cub) {
   const std::string X(backend::cuda::cuda_type(in)), Y(backend::cuda::cuda_type(result_dtype(in)));
+  const std::string column = "long long outer, long long R, long long inner, bool reverse";
+  const auto global = [](const std::string& name, const std::string& params, const std::string& body) {
+    return hybra::detail::concat("\nextern \"C\" __global__ void __launch_bounds__(256) ", name, "(", params,
+                                 ") {\n  hybra::kernels::", body, ";\n}\n");
+  };
+  if (k == Kernel::by_thread)
+    return "#include <kernels/cumsum.cuh>\n" +
+           global(program_name(in, k, cub), "const " + X + "* x, " + Y + "* y, " + column,
+                  "cumsum_by_thread(x, y, outer, R, inner, reverse)");
   return hybra::detail::concat(
-      k == Kernel::by_block ? backend::cuda::block_combine_define(cub) : "",
-      "#include <kernels/cumsum.cuh>\n\nextern \"C\" __global__ void __launch_bounds__(256) ", entry(in, k, cub),
-      "(const ", X, "* x, ", Y, "* y, long long outer, long long R, long long inner, bool reverse) {\n",
-      "  hybra::kernels::", k == Kernel::by_block ? "cumsum_by_block" : "cumsum_by_thread",
-      "(x, y, outer, R, inner, reverse);\n}\n");
+      backend::cuda::block_combine_define(cub), "#include <kernels/cumsum.cuh>\n",
+      global(entry(in, "by_block", cub), "const " + X + "* x, " + Y + "* y, " + column,
+             "cumsum_by_block(x, y, outer, R, inner, reverse)"),
+      global(entry(in, "chunk_totals", cub), "const " + X + "* x, " + Y + "* totals, " + column + ", long long chunk",
+             "cumsum_chunk_totals(x, totals, outer, R, inner, reverse, chunk)"),
+      global(entry(in, "chunk_carries", cub), Y + "* totals, long long columns, long long R, long long chunk",
+             "cumsum_chunk_carries(totals, columns, R, chunk)"),
+      global(entry(in, "by_chunks", cub),
+             "const " + X + "* x, const " + Y + "* carries, " + Y + "* y, " + column + ", long long chunk",
+             "cumsum_chunks(x, carries, y, outer, R, inner, reverse, chunk)"));
 }
 
-// by_block's grid: a block per column, up to enough blocks to fill every
-// multiprocessor (8 of block_threads each); more columns take turns.
+// by_block's grid: a block per column, up to the block slots; more columns
+// take turns.
 inline unsigned by_block_count(Block b, int multiprocessors) {
-  return static_cast<unsigned>(std::clamp<i64>(b.outer * b.inner, 1, i64{std::max(1, multiprocessors)} * 8));
+  return static_cast<unsigned>(std::clamp<i64>(b.outer * b.inner, 1, block_slots(multiprocessors)));
 }
 
 // A contiguous x of dtype `in`, laid out as b, on a GPU, through kernel k.
 inline backend::cuda::CudaLaunch cuda_launch(Block b, bool reverse, DType in, backend::cuda::Gpu& gpu, Kernel k) {
-  const bool cub = k == Kernel::by_block && backend::cuda::cub_block_combine();
-  const std::string function = entry(in, k, cub);
-  const std::string& ptx =
-      backend::cuda::program_ptx(function, gpu.arch(), [in, k, cub] { return cuda_program(in, k, cub); });
+  const bool cub = k != Kernel::by_thread && backend::cuda::cub_block_combine(scan_cub_default);
+  const std::string& ptx = backend::cuda::program_ptx(program_name(in, k, cub), gpu.arch(),
+                                                      [in, k, cub] { return cuda_program(in, k, cub); });
   const int sms = gpu.info().multiprocessors;
+  if (k == Kernel::by_chunks) {
+    const i64 chunk = chunk_rows(b, sms), columns = b.outer * b.inner, chunks = (b.R + chunk - 1) / chunk;
+    const auto blocks = static_cast<unsigned>(std::min(columns * chunks, block_slots(sms)));
+    const unsigned carry_blocks = by_block_count(b, sms);
+    const i64 scratch = columns * chunks * static_cast<i64>(size_of(result_dtype(in)));
+    return {scratch, [&ptx, in, cub, b, reverse, chunk, blocks, carry_blocks](
+                         backend::cuda::Gpu& gpu, std::span<const void* const> operands, void* out, void* totals) {
+              if (b.outer * b.inner == 0) return;
+              const void* x = operands[0];
+              const void* carries = totals;
+              long long outer = b.outer, R = b.R, inner = b.inner, rows = chunk, columns = b.outer * b.inner;
+              bool backwards = reverse;
+              void* sum_args[] = {&x, &totals, &outer, &R, &inner, &backwards, &rows};
+              void* carry_args[] = {&totals, &columns, &R, &rows};
+              void* scan_args[] = {&x, &carries, &out, &outer, &R, &inner, &backwards, &rows};
+              gpu.launch_grid(gpu.function(ptx, entry(in, "chunk_totals", cub)), blocks, block_threads, sum_args,
+                              "cumsum");
+              gpu.launch_grid(gpu.function(ptx, entry(in, "chunk_carries", cub)), carry_blocks, block_threads,
+                              carry_args, "cumsum");
+              gpu.launch_grid(gpu.function(ptx, entry(in, "by_chunks", cub)), blocks, block_threads, scan_args,
+                              "cumsum");
+            }};
+  }
+  const std::string function = k == Kernel::by_thread ? program_name(in, k, cub) : entry(in, "by_block", cub);
   const backend::cuda::ElementwiseGrid grid =
-      k == Kernel::by_thread
-          ? backend::cuda::grid_over(b.outer * b.inner, sms)
-          : backend::cuda::ElementwiseGrid{by_block_count(b, sms), block_threads};
+      k == Kernel::by_thread ? backend::cuda::grid_over(b.outer * b.inner, sms)
+                             : backend::cuda::ElementwiseGrid{by_block_count(b, sms), block_threads};
   return {0, [&ptx, function, b, reverse, grid](backend::cuda::Gpu& gpu, std::span<const void* const> operands,
                                                 void* out, void*) {
             if (b.outer * b.R * b.inner == 0) return;

@@ -16,16 +16,19 @@
 //
 // A block's threads combine their accumulators with one of two versions of
 // kernels/reduce.cuh's block_combine: a tree in shared memory, or CUB's
-// warp shuffles (HYBRA_CUDA_CUB=1, or set_cub_block_combine(true)). Each
-// version is a program of its own, under entry names of its own, since a
-// GPU caches its functions by name. docs/cuda.md says which is the default
-// and why.
+// warp shuffles, chosen per op (BlockCombineChoice below). Each version is
+// a program of its own, under entry names of its own, since a GPU caches
+// its functions by name.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpu.hpp"
@@ -35,25 +38,53 @@
 
 namespace hybra::backend::cuda {
 
-inline Switch& cub_block_combine_switch() {
-  static Switch s("HYBRA_CUDA_CUB");
-  return s;
-}
-// Whether programs compiled from now on combine a block's values with CUB.
-inline bool cub_block_combine() { return cub_block_combine_switch().on(); }
-inline void set_cub_block_combine(bool on) { cub_block_combine_switch().set(on); }
+// Which block combine the programs chosen from now on use. Each op has its
+// own default, the version it ran faster with on a GPU (docs/cuda.md says
+// which and why); HYBRA_CUDA_CUB=1 or =0, or set_cub_block_combine, forces
+// one version on every op.
+class BlockCombineChoice {
+ public:
+  BlockCombineChoice() {
+    const char* v = std::getenv("HYBRA_CUDA_CUB");
+    const std::string_view value = v ? v : "";
+    forced_.store(value == "1" ? on : value == "0" ? off : unforced);
+  }
+  std::optional<bool> forced() const {
+    const int f = forced_.load(std::memory_order_relaxed);
+    return f == unforced ? std::nullopt : std::optional<bool>(f == on);
+  }
+  void force(std::optional<bool> cub) { forced_.store(cub ? (*cub ? on : off) : unforced); }
 
-// The switch set for a scope (a test's or a benchmark's case), then put
-// back as it was.
+ private:
+  static constexpr int unforced = -1, off = 0, on = 1;
+  std::atomic<int> forced_;
+};
+
+inline BlockCombineChoice& block_combine_choice() {
+  static BlockCombineChoice choice;
+  return choice;
+}
+// Whether an op whose default is op_default combines with CUB.
+inline bool cub_block_combine(bool op_default) { return block_combine_choice().forced().value_or(op_default); }
+// Forces one version on every op (nullopt: each op's default again).
+inline void set_cub_block_combine(std::optional<bool> cub) { block_combine_choice().force(cub); }
+
+// The ops' defaults: CUB's warp shuffles were faster for reductions, argmax
+// and softmax, and never slower.
+constexpr bool reduce_cub_default = true;
+constexpr bool softmax_cub_default = true;
+
+// One version forced for a scope (a test's or a benchmark's case), then the
+// choice put back as it was.
 class CubBlockCombineScope {
  public:
-  explicit CubBlockCombineScope(bool on) : before_(cub_block_combine()) { set_cub_block_combine(on); }
+  explicit CubBlockCombineScope(bool cub) : before_(block_combine_choice().forced()) { set_cub_block_combine(cub); }
   ~CubBlockCombineScope() { set_cub_block_combine(before_); }
   CubBlockCombineScope(const CubBlockCombineScope&) = delete;
   CubBlockCombineScope& operator=(const CubBlockCombineScope&) = delete;
 
  private:
-  bool before_;
+  std::optional<bool> before_;
 };
 
 // What starts a program of kernels/reduce.cuh or softmax.cuh, and ends its
@@ -224,7 +255,7 @@ inline std::string cuda_softmax_program(bool log, DType t, bool cub) {
 // launches on the GPU's stream. x and out are contiguous; scratch holds at
 // least plan.scratch_bytes.
 inline auto cuda_reduce_launcher(Reduction r, DType in, backend::cuda::Gpu& gpu) {
-  const bool cub = cub_block_combine();
+  const bool cub = cub_block_combine(reduce_cub_default);
   const std::string& ptx =
       program_ptx(hybra::detail::concat("hybra_", detail::reduction_name(r), '_', name(in), block_combine_suffix(cub)),
                   gpu.arch(), [&] { return cuda_reduce_program(r, in, cub); });
@@ -259,7 +290,7 @@ inline SoftmaxLaunch plan_softmax(std::int64_t O, std::int64_t R, std::int64_t I
 // softmax (or log_softmax) of the contiguous (O, R, I) block x into y, on
 // the GPU's stream; the program is compiled at the call.
 inline auto cuda_softmax_launcher(bool log, DType t, backend::cuda::Gpu& gpu) {
-  const bool cub = cub_block_combine();
+  const bool cub = cub_block_combine(softmax_cub_default);
   const std::string& ptx = program_ptx(
       hybra::detail::concat("hybra_", log ? "log_softmax_" : "softmax_", name(t), block_combine_suffix(cub)),
       gpu.arch(), [&] { return cuda_softmax_program(log, t, cub); });
