@@ -8,12 +8,15 @@
 //
 //   PROGRAM [--devices cpu0,cpu1 | cuda0,cuda1] [--epochs N] [--batch-size B] [--lr X]
 //           [--hybridize | --no-hybridize] [--train-size N] [--test-size N]
-//           [--csv FILE] [--svg FILE] [--data DIR] [--smoke] [the model's own options]
+//           [--csv FILE] [--svg FILE] [--data DIR] [--seed N] [--save PREFIX] [--resume PREFIX]
+//           [--smoke] [the model's own options]
 //
 // Each epoch prints a progress bar (samples/s, loss), then the test accuracy
 // and the mean time of a training step after the first; the learning curve goes to the CSV
 // file (epoch,loss,train_acc,test_acc,seconds,step_ms) and to an SVG plot next
-// to it.
+// to it. --save writes the weights and the Trainer's state after every epoch
+// (PREFIX.params, PREFIX.states); --resume reads them and runs the epochs
+// after theirs up to --epochs, ending where the uninterrupted run would.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -50,6 +53,8 @@ struct Options {
   std::string csv, svg;
   std::string data = "/usr/share/datasets/fashion-mnist";
   bool smoke = false;
+  std::uint64_t seed = 7;     // the initial weights'; the data's order takes seed + 35
+  std::string save, resume;   // file prefixes: PREFIX.params and PREFIX.states
 };
 
 // What a program trains and how: its name, the defaults of its options, its
@@ -67,7 +72,7 @@ struct Program {
   std::cerr << p.name << ": " << why << "\nusage: " << p.name
             << " [--devices cpu0,cpu1 | cuda0,cuda1] [--epochs N] [--batch-size B] [--lr X] "
                "[--hybridize | --no-hybridize] [--train-size N] [--test-size N] [--csv FILE] [--svg FILE] "
-               "[--data DIR] [--smoke]"
+               "[--data DIR] [--seed N] [--save PREFIX] [--resume PREFIX] [--smoke]"
             << p.model_usage << "\n";
   std::exit(2);
 }
@@ -127,6 +132,15 @@ inline Options parse(const Program& p, int argc, char** argv) {
       o.svg = value(i);
     } else if (a == "--data") {
       o.data = value(i);
+    } else if (a == "--seed") {
+      const std::string text = value(i);
+      if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || text.size() > 19)
+        usage(p, "--seed takes a whole number, not '" + text + "'");
+      o.seed = std::stoull(text);
+    } else if (a == "--save") {
+      o.save = value(i);
+    } else if (a == "--resume") {
+      o.resume = value(i);
     } else if (a == "--smoke") {
       o.smoke = true;
       o.epochs = p.smoke.epochs;
@@ -237,29 +251,49 @@ inline int train(int argc, char** argv, const Program& program, const std::funct
   hybra::data::ArrayDataset train = train_set, test = test_set;
   if (o.train_size) train = head(train, o.train_size);
   if (o.test_size) test = head(test, o.test_size);
-  hybra::data::DataLoader train_loader(train, static_cast<std::size_t>(o.batch_size), {.shuffle = true, .seed = 42});
+  hybra::data::DataLoader train_loader(train, static_cast<std::size_t>(o.batch_size),
+                                       {.shuffle = true, .seed = o.seed + 35});
   hybra::data::DataLoader test_loader(test, 1000);
 
-  hybra::seed(7);
+  hybra::seed(o.seed);
   nn::HybridSequential net = build();
   net.initialize(nn::init::Xavier(), o.devices);
-  if (o.hybridize) net.hybridize();
-  // Deferred shapes: one predict-mode call per device completes every parameter.
+  // Deferred shapes: one predict-mode call per device completes every
+  // parameter, on every device, before a resumed run's values replace them.
   for (auto d : o.devices) net(hybra::zeros({1, 1, 28, 28}, hybra::DType::float32, d));
+  if (!o.resume.empty()) net.load_parameters(o.resume + ".params");
+  if (o.hybridize) net.hybridize();
   hybra::Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", o.lr}, {"momentum", 0.9}});
   if (processes.size() > 1) trainer.set_process_reducer([&processes](Tensor& g) { processes.sum(g); });
   const nn::SoftmaxCrossEntropyLoss loss_fn;
+  // A resumed run continues after the epochs its files hold, with the data
+  // in the orders the uninterrupted run would have seen.
+  int first_epoch = 1;
+  if (!o.resume.empty()) {
+    trainer.load_states(o.resume + ".states");
+    const auto steps = static_cast<std::size_t>(trainer.optimizer().num_update());
+    if (steps % train_loader.size() != 0)
+      throw hybra::ValueError("--resume " + o.resume + ": its " + std::to_string(steps) + " steps are not whole epochs of " +
+                              std::to_string(train_loader.size()) + " batches (another batch size or training set?)");
+    first_epoch = static_cast<int>(steps / train_loader.size()) + 1;
+    if (first_epoch > o.epochs)
+      throw hybra::ValueError("--resume " + o.resume + " holds " + std::to_string(first_epoch - 1) +
+                              " epochs already; --epochs " + std::to_string(o.epochs) + " leaves none to run");
+    train_loader.set_next_epoch(static_cast<std::uint64_t>(first_epoch - 1));
+  }
 
   if (leader) {
     std::printf("%s on Fashion-MNIST: %zu training / %zu test images, %s, batch %lld on", program.model.c_str(),
                 train.size(), test.size(), o.hybridize ? "hybridized" : "eager", static_cast<long long>(o.batch_size));
     for (auto d : o.devices) std::cout << ' ' << d;
     if (processes.size() > 1) std::printf(" in each of %d processes", processes.size());
-    std::printf(", lr %g\n", o.lr);
+    std::printf(", lr %g", o.lr);
+    if (first_epoch > 1) std::printf(", resumed after epoch %d of %s", first_epoch - 1, o.resume.c_str());
+    std::printf("\n");
   }
   const bool tty = leader && isatty(fileno(stdout));
   std::vector<EpochResult> curve;
-  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+  for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
     std::vector<Tensor> loss_sums, hit_sums;
     std::vector<std::size_t> step_losses;  // where each step's losses start in loss_sums
@@ -341,13 +375,17 @@ inline int train(int argc, char** argv, const Program& program, const std::funct
       std::printf("epoch %d: loss %.4f, train acc %.4f, test acc %.4f, %.1f s, %.1f ms a step after the first\n", epoch,
                   loss, train_acc, test_acc, epoch_seconds, step_ms);
     curve.push_back({loss, train_acc, test_acc, epoch_seconds, step_ms});
+    if (leader && !o.save.empty()) {
+      net.save_parameters(o.save + ".params");
+      trainer.save_states(o.save + ".states");
+    }
   }
 
   if (!leader) return 0;
   std::ofstream csv(o.csv);
   csv << "epoch,loss,train_acc,test_acc,seconds,step_ms\n";
   for (std::size_t i = 0; i < curve.size(); ++i)
-    csv << i + 1 << ',' << curve[i].loss << ',' << curve[i].train_acc << ',' << curve[i].test_acc << ','
+    csv << static_cast<std::size_t>(first_epoch) + i << ',' << curve[i].loss << ',' << curve[i].train_acc << ',' << curve[i].test_acc << ','
         << curve[i].seconds << ',' << curve[i].step_ms << '\n';
   if (!csv) throw hybra::io::FileError("cannot write '" + o.csv + "'");
   write_svg(o.svg, curve);

@@ -504,6 +504,10 @@ TEST_CASE("DataLoader: shuffling visits every sample once per epoch, in an order
   CHECK(epoch(same_seed) == epochs[1]);
   data::DataLoader other_seed = shuffled(8);
   CHECK(epoch(other_seed) != epochs[0]);
+  data::DataLoader resumed = shuffled(7);  // a run resumed after two epochs
+  resumed.set_next_epoch(2);
+  CHECK(epoch(resumed) == epochs[2]);
+  CHECK(resumed.next_epoch() == 3);
 
   // drop_last leaves out the end of the same order.
   data::DataLoader dropping = shuffled(7, true);

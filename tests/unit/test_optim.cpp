@@ -2,7 +2,8 @@
 // rules over several steps, per-index state, create() by name, operand
 // errors, in-place updates, and that an update queues its work without
 // waiting; learning-rate schedules against MXNet's values, the Trainer
-// following one, and clipping by global norm.
+// following one, clipping by global norm, and the Trainer's state saved and
+// resumed.
 #include <hybra/optim/clip.hpp>
 #include <hybra/optim/lr_scheduler.hpp>
 #include <hybra/optim/optimizer.hpp>
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <thread>
@@ -534,4 +536,106 @@ TEST_CASE("optim: the Trainer clips the summed gradients once per parameter and 
   trainer.update(1);
   CHECK(w.list_data()[0].to_vector<double>() == w.list_data()[1].to_vector<double>());
   CHECK_THROWS_WITH_AS(trainer.clip_global_norm(-1), "clip_global_norm: max_norm must be > 0, not -1", ValueError);
+}
+
+namespace {
+
+// Two trained parameters around a frozen one, all starting at `start`.
+nn::ParameterDict resumable_params(const std::vector<Device>& devices, float start, Shape b_shape = {4}) {
+  nn::ParameterDict params;
+  nn::Parameter a("a", Shape{3, 4}), frozen("frozen", Shape{2}), b("b", std::move(b_shape));
+  frozen.set_grad_req("null");
+  params.add(a);
+  params.add(frozen);
+  params.add(b);
+  params.initialize(nn::init::Constant(start), devices);
+  return params;
+}
+
+// Step k of a run: every copy's gradient depends on its weight (so a state
+// restored wrong shows in later steps), summed over the copies, then
+// divided by samples_per_copy times the copies: the same update on any
+// number of devices.
+void resumable_step(Trainer& trainer, int k, std::int64_t samples_per_copy) {
+  std::int64_t copies = 1;
+  for (const auto& p : trainer.params()) {
+    if (p.grad_req() == "null") continue;
+    std::vector<Tensor> grads = p.list_grad();
+    copies = static_cast<std::int64_t>(grads.size());
+    for (std::size_t c = 0; c < grads.size(); ++c) {
+      const Tensor& w = p.list_data()[c];
+      grads[c].assign(w * w * 0.5f - w + static_cast<float>(k) * 0.25f);
+    }
+  }
+  trainer.step(samples_per_copy * copies);
+}
+
+}  // namespace
+
+TEST_CASE("optim: a Trainer's state saved on two devices and loaded on one resumes the run bit for bit") {
+  const auto file = std::filesystem::temp_directory_path() / "hybra_test_trainer.states";
+  const std::vector<std::pair<std::string, optim::Options>> optimizers = {
+      {"sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}, {"wd", 0.01}}},
+      {"adam", {{"learning_rate", 0.05}, {"wd", 0.01}}}};
+  const auto schedule = std::make_shared<optim::CosineScheduler>(
+      optim::CosineScheduler::Options{.max_update = 6, .base_lr = 0.1, .warmup = {.steps = 2}});
+  for (const auto& [optimizer, options] : optimizers) {
+    CAPTURE(optimizer);
+    const nn::ParameterDict whole = resumable_params({cpu()}, 0.25f);
+    Trainer uninterrupted(whole, optimizer, options);
+    uninterrupted.set_lr_scheduler(schedule);
+    for (int k = 0; k < 6; ++k) resumable_step(uninterrupted, k, 4);
+
+    const nn::ParameterDict first = resumable_params({cpu(0), cpu(1)}, 0.25f);
+    Trainer before(first, optimizer, options);
+    before.set_lr_scheduler(schedule);
+    for (int k = 0; k < 3; ++k) resumable_step(before, k, 4);
+    before.save_states(file);
+
+    const nn::ParameterDict second = resumable_params({cpu()}, 9.0f);  // other values, loaded over
+    for (const char* name : {"a", "b", "frozen"}) second[name].set_data(first[name].data().copy());
+    Trainer after(second, optimizer, options);
+    after.set_lr_scheduler(schedule);
+    after.load_states(file);
+    CHECK(after.optimizer().num_update() == 3);
+    CHECK(after.learning_rate() == before.learning_rate());
+    for (int k = 3; k < 6; ++k) resumable_step(after, k, 4);
+    for (const char* name : {"a", "b", "frozen"}) {
+      CAPTURE(name);
+      CHECK(second[name].data().to_vector<float>() == whole[name].data().to_vector<float>());
+    }
+    CHECK(second["a"].data().to_vector<float>() != first["a"].data().to_vector<float>());  // it did train on
+  }
+  std::filesystem::remove(file);
+}
+
+TEST_CASE("optim: loading another optimizer's or another model's Trainer state is an error that changes nothing") {
+  const auto file = std::filesystem::temp_directory_path() / "hybra_test_trainer_other.states";
+  const nn::ParameterDict params = resumable_params({cpu()}, 0.5f);
+  Trainer sgd(params, "sgd", {{"momentum", 0.9}});
+  resumable_step(sgd, 0, 2);
+  sgd.save_states(file);
+
+  Trainer adam(resumable_params({cpu()}, 0.5f), "adam");
+  CHECK_THROWS_WITH_AS(adam.load_states(file), doctest::Contains("holds the state of optimizer SGD, but this trainer's is Adam"),
+                       ValueError);
+  Trainer wider(resumable_params({cpu()}, 0.5f, {5}), "sgd", {{"momentum", 0.9}});
+  resumable_step(wider, 0, 2);
+  CHECK_THROWS_WITH_AS(wider.load_states(file),
+                       doctest::Contains("trained parameter 1 was 'b' with momentum of shape (4,), float32; here it is "
+                                         "'b' of shape (5,), float32"),
+                       ValueError);
+  CHECK(wider.optimizer().num_update() == 1);  // as it was
+  nn::ParameterDict fewer;
+  fewer.add(params["a"]);
+  Trainer smaller(fewer, "sgd", {{"momentum", 0.9}});
+  CHECK_THROWS_WITH_AS(smaller.load_states(file),
+                       doctest::Contains("holds the state of 2 trained parameters, but this trainer has 1"), ValueError);
+  Trainer plain(resumable_params({cpu()}, 0.5f), "sgd");  // no momentum: no state tensors to take
+  CHECK_THROWS_WITH_AS(plain.load_states(file), doctest::Contains("holds 2 entries that this trainer's SGD does not keep"),
+                       ValueError);
+  io::save_ndarray_list(file, std::vector<std::pair<std::string, Tensor>>{{"a", ones({2})}});
+  CHECK_THROWS_WITH_AS(sgd.load_states(file),
+                       doctest::Contains("has no 'trainer:optimizer': it is not a Trainer::save_states file"), ValueError);
+  std::filesystem::remove(file);
 }

@@ -228,6 +228,11 @@ class DataLoader {
   const DataLoaderOptions& options() const { return options_; }
   const ArrayDataset& dataset() const { return dataset_; }
 
+  // The epoch the next begin() starts: a resumed run's, so that its epochs
+  // visit the samples in the orders of an uninterrupted run's.
+  void set_next_epoch(std::uint64_t epoch) { next_epoch_ = epoch; }
+  std::uint64_t next_epoch() const { return next_epoch_; }
+
   // Starts the next epoch (the first is epoch 0), also when the previous one
   // was left unfinished.
   iterator begin() {

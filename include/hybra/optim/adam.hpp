@@ -52,8 +52,17 @@ class Adam final : public Optimizer {
     if (m == means_.end() || v == vars_.end()) return {};
     return {m->second, v->second};
   }
+  std::vector<std::string> state_names() const override { return {"mean", "var"}; }
 
  private:
+  void restore_state(std::size_t index, std::vector<Tensor> values) override {
+    means_.erase(index);
+    vars_.erase(index);
+    if (values.empty()) return;
+    means_[index] = std::move(values[0]);
+    vars_[index] = std::move(values[1]);
+  }
+
   double beta(double value, std::string_view what) const {
     checked(what, value, 0);
     if (!(value < 1)) fail<ValueError>(name(), ": ", what, " must be in [0, 1), not ", value);

@@ -61,6 +61,25 @@ class Optimizer {
     static_cast<void>(index);
     return {};
   }
+  // What state(index) holds after an update, by name, in its order.
+  virtual std::vector<std::string> state_names() const { return {}; }
+
+  // Resumes `index` where a saved run left it: its state tensors (in
+  // state_names() order, kept as handles: the updates write into them) and
+  // its update count. Nothing of a count of 0 is kept (its first update
+  // starts afresh).
+  void restore(std::size_t index, std::vector<Tensor> values, std::int64_t update_count) {
+    if (update_count < 0)
+      fail<ValueError>(name_, ".restore (index ", index, "): update_count must be >= 0, not ", update_count);
+    if (update_count > 0 && values.size() != state_names().size())
+      fail<ValueError>(name_, ".restore (index ", index, "): ", values.size(), " state tensors given, ",
+                       state_names().size(), " expected");
+    restore_state(index, update_count > 0 ? std::move(values) : std::vector<Tensor>{});
+    if (update_count == 0) counts_.erase(index);
+    else counts_[index] = update_count;
+    num_update_ = 0;
+    for (const auto& [i, count] : counts_) num_update_ = std::max(num_update_, count);
+  }
 
   double learning_rate() const { return learning_rate_; }
   // For schedules: the next update uses it.
@@ -148,6 +167,13 @@ class Optimizer {
                        ", but this weight has shape ", to_string(weight.shape()), ", ", hybra::name(weight.dtype()),
                        " on ", weight.device(), "; use another index for another weight");
     return it->second;
+  }
+
+  // restore()'s part in the optimizer's own state: `values` as state(index)
+  // would return them, or none (index starts afresh).
+  virtual void restore_state(std::size_t index, std::vector<Tensor> values) {
+    static_cast<void>(index);
+    static_cast<void>(values);
   }
 
   // The clipping bound: clip_gradient, or infinity when clipping is off, so

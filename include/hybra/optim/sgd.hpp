@@ -46,8 +46,16 @@ class SGD final : public Optimizer {
     if (it == moms_.end()) return {};
     return {it->second};
   }
+  std::vector<std::string> state_names() const override {
+    return momentum_ == 0 ? std::vector<std::string>{} : std::vector<std::string>{"momentum"};
+  }
 
  private:
+  void restore_state(std::size_t index, std::vector<Tensor> values) override {
+    if (values.empty()) moms_.erase(index);
+    else moms_[index] = std::move(values[0]);
+  }
+
   double momentum_;
   std::unordered_map<std::size_t, Tensor> moms_;
 };

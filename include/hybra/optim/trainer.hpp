@@ -4,6 +4,10 @@
 // first sums each parameter's gradients over its copies (an allreduce over
 // the device pool), so every copy takes the same update and the copies stay
 // equal; across processes, a reducer (parallel/mpi.hpp) sums them further.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -12,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "../core/creation.hpp"
+#include "../io/ndarray_list.hpp"
 #include "../nn/parameter.hpp"
 #include "../parallel/allreduce.hpp"
 #include "clip.hpp"
@@ -89,6 +95,99 @@ class Trainer {
     }
   }
 
+  // What resuming needs besides the parameters' values (save_parameters):
+  // the optimizer's name, each trained parameter's update count and state
+  // tensors, the run's update count and the learning rate, in MXNet's
+  // NDArray-list format, written atomically. A parameter's copies on several
+  // devices are equal after every step, so one copy is saved.
+  void save_states(const std::filesystem::path& file) const {
+    std::vector<std::pair<std::string, Tensor>> arrays;
+    std::string names;
+    std::vector<std::int64_t> counts;
+    std::size_t index = 0;
+    for (const auto& p : trained()) {
+      names += p.name() + '\n';
+      counts.push_back(optimizer_->update_count(index));
+      const std::vector<Tensor> state = optimizer_->state(index);
+      const std::vector<std::string> state_names = optimizer_->state_names();
+      for (std::size_t s = 0; s < state.size(); ++s)
+        arrays.emplace_back(hybra::detail::concat(counts.size() - 1, ':', state_names[s]), state[s]);
+      index += p.list_data().size();
+    }
+    arrays.emplace_back("trainer:optimizer", text_tensor(optimizer_->name()));
+    arrays.emplace_back("trainer:parameters", text_tensor(names));
+    arrays.emplace_back("trainer:update_counts", array(counts, Shape{static_cast<std::int64_t>(counts.size())}));
+    arrays.emplace_back("trainer:num_update", array(std::vector<std::int64_t>{optimizer_->num_update()}, Shape{1}));
+    arrays.emplace_back("trainer:learning_rate", array(std::vector<double>{optimizer_->learning_rate()}, Shape{1}));
+    io::save_ndarray_list(file, arrays);
+  }
+
+  // Loads a save_states() file: every copy of each trained parameter gets
+  // the saved state on its own device (so a run saved on two GPUs resumes
+  // on one CPU, or the reverse), and the next update continues the saved
+  // run. The file must come from a trainer of the same optimizer over
+  // parameters of the same shapes and dtypes, in the same order: anything
+  // else is a ValueError naming the file and the first difference, and
+  // leaves this trainer as it was.
+  void load_states(const std::filesystem::path& file) {
+    const std::string where = "Trainer::load_states: file '" + file.string() + "'";
+    std::map<std::string, Tensor> saved;
+    for (auto& [key, t] : io::load_ndarray_list(file)) saved.emplace(key, std::move(t));
+    const auto entry = [&](const std::string& key) -> const Tensor& {
+      auto it = saved.find(key);
+      if (it == saved.end()) fail<ValueError>(where, " has no '", key, "': it is not a Trainer::save_states file");
+      return it->second;
+    };
+    const std::string optimizer = tensor_text(entry("trainer:optimizer"));
+    if (optimizer != optimizer_->name())
+      fail<ValueError>(where, " holds the state of optimizer ", optimizer, ", but this trainer's is ",
+                       optimizer_->name());
+    const std::vector<std::string> saved_names = split_lines(tensor_text(entry("trainer:parameters")));
+    const std::vector<std::int64_t> counts = entry("trainer:update_counts").to_vector<std::int64_t>();
+    const std::vector<std::int64_t> num_update = entry("trainer:num_update").to_vector<std::int64_t>();
+    const std::vector<double> learning_rate = entry("trainer:learning_rate").to_vector<double>();
+    const std::vector<nn::Parameter> params = trained();
+    if (saved_names.size() != params.size() || counts.size() != params.size())
+      fail<ValueError>(where, " holds the state of ", saved_names.size(), " trained parameters, but this trainer has ",
+                       params.size());
+    if (num_update.size() != 1 || learning_rate.size() != 1 || !std::isfinite(learning_rate[0]) ||
+        learning_rate[0] < 0 || num_update[0] != (counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end())))
+      fail<ValueError>(where, ": its num_update and learning_rate must be one value each, the rate finite and >= 0, "
+                              "and num_update the most updates of any parameter");
+    const std::vector<std::string> state_names = optimizer_->state_names();
+    std::vector<std::vector<Tensor>> states(params.size());
+    std::size_t used = 5;
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      if (counts[k] < 0) fail<ValueError>(where, ": trained parameter ", k, " has a negative update count");
+      if (counts[k] == 0) continue;
+      const Tensor& like = params[k].list_data().front();
+      for (const std::string& s : state_names) {
+        const Tensor& t = entry(hybra::detail::concat(k, ':', s));
+        if (t.shape() != like.shape() || t.dtype() != like.dtype())
+          fail<ValueError>(where, ": trained parameter ", k, " was '", saved_names[k], "' with ", s, " of shape ",
+                           to_string(t.shape()), ", ", hybra::name(t.dtype()), "; here it is '", params[k].name(),
+                           "' of shape ", to_string(like.shape()), ", ", hybra::name(like.dtype()));
+        states[k].push_back(t);
+        ++used;
+      }
+    }
+    if (used != saved.size())
+      fail<ValueError>(where, " holds ", saved.size() - used, " entries that this trainer's ", optimizer_->name(),
+                       " does not keep");
+    std::size_t index = 0;
+    for (std::size_t k = 0; k < params.size(); ++k)
+      for (const Tensor& copy : params[k].list_data()) {
+        std::vector<Tensor> own;
+        for (const Tensor& t : states[k]) {
+          Tensor on_device(t.shape(), t.dtype(), copy.device());
+          t.copy_to(on_device);
+          own.push_back(on_device);
+        }
+        optimizer_->restore(index++, std::move(own), counts[k]);
+      }
+    optimizer_->set_learning_rate(learning_rate[0]);
+  }
+
   // Sums a tensor in place over all processes (e.g. mpi::Communicator's
   // allreduce): set it and step() trains one model across processes.
   void set_process_reducer(std::function<void(Tensor&)> reduce) { reduce_across_processes_ = std::move(reduce); }
@@ -107,6 +206,31 @@ class Trainer {
   const nn::ParameterDict& params() const { return params_; }
 
  private:
+  // The parameters the updates reach, in update order.
+  std::vector<nn::Parameter> trained() const {
+    std::vector<nn::Parameter> out;
+    for (const auto& p : params_)
+      if (p.grad_req() != "null") out.push_back(p);
+    return out;
+  }
+  static Tensor text_tensor(std::string_view text) {
+    return array(std::vector<std::uint8_t>(text.begin(), text.end()), Shape{static_cast<std::int64_t>(text.size())});
+  }
+  static std::string tensor_text(const Tensor& t) {
+    if (t.dtype() != DType::uint8 || t.shape().size() != 1)
+      fail<ValueError>("Trainer::load_states: a text entry must be 1-d uint8, not ", to_string(t.shape()), " ",
+                       hybra::name(t.dtype()));
+    const std::vector<std::uint8_t> bytes = t.to_vector<std::uint8_t>();
+    return std::string(bytes.begin(), bytes.end());
+  }
+  static std::vector<std::string> split_lines(const std::string& text) {
+    std::vector<std::string> lines;
+    std::size_t start = 0;
+    for (std::size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1)
+      lines.push_back(text.substr(start, end - start));
+    return lines;
+  }
+
   nn::ParameterDict params_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<const optim::LRScheduler> lr_scheduler_;
