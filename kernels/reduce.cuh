@@ -28,6 +28,12 @@ namespace hybra::kernels {
 // __shared__ buffers.
 constexpr unsigned max_block_threads = 256;
 
+// Rows (or pieces of rows) of at most this many elements are reduced by a
+// warp each, a block's warps taking a row apiece: its lanes combine without
+// a block barrier, and a short row does not leave most of a block idle.
+// Longer ones take a whole block each.
+constexpr long long warp_row_limit = 1024;
+
 template <class Acc>
 struct reduce_sum {
   using acc = Acc;
@@ -130,6 +136,27 @@ __device__ void block_combine(typename P::acc* buf, unsigned active) {
   }
   __syncthreads();
 }
+
+// Combines the values `a` of the calling warp's lanes [0, active), which
+// every lane of the warp passes (active is the same in all, and may be 0:
+// then the result is meaningless); every lane gets the result. CUB's
+// WarpReduce: register shuffles.
+template <class P>
+__device__ typename P::acc warp_combine(typename P::acc a, unsigned active) {
+  using Acc = typename P::acc;
+  using WarpReduce = cub::WarpReduce<Acc>;
+  __shared__ typename WarpReduce::TempStorage storage[max_block_threads / 32];
+  __shared__ Acc results[max_block_threads / 32];
+  const unsigned warp = threadIdx.x / 32;
+  if (active > 0) {
+    const Acc r = WarpReduce(storage[warp]).Reduce(a, combine_with<P>{}, static_cast<int>(active));
+    if (threadIdx.x % 32 == 0) results[warp] = r;
+  }
+  __syncwarp();
+  const Acc r = results[warp];
+  __syncwarp();  // results[warp] is the next call's
+  return r;
+}
 #else
 // Combines buf[0 .. active) into buf[0], the block's threads having written
 // it and met at a barrier; every thread of the block calls it, and all see
@@ -143,13 +170,68 @@ __device__ void block_combine(typename P::acc* buf, unsigned active) {
     __syncthreads();
   }
 }
+
+// Combines the values `a` of the calling warp's lanes [0, active), which
+// every lane of the warp passes (active is the same in all, and may be 0:
+// then the result is meaningless); every lane gets the result. A tree in
+// the warp's part of shared memory, halved in place.
+template <class P>
+__device__ typename P::acc warp_combine(typename P::acc a, unsigned active) {
+  __shared__ typename P::acc buf[max_block_threads];
+  const unsigned lane = threadIdx.x % 32;
+  typename P::acc* mine = buf + threadIdx.x / 32 * 32;
+  mine[lane] = a;
+  __syncwarp();
+  for (unsigned s = 16; s > 0; s /= 2) {
+    if (lane < s && lane + s < active) mine[lane] = P::combine(mine[lane], mine[lane + s]);
+    __syncwarp();
+  }
+  const typename P::acc r = mine[0];
+  __syncwarp();  // buf is the next call's
+  return r;
+}
 #endif
+
+// reduce_rows for pieces of at most warp_row_limit: a warp per piece, the
+// block's warps taking consecutive pieces (blockDim.x a multiple of 32).
+// Every warp makes the same number of turns, so that a block's warps meet
+// the same barriers where simulated threads stand in for them.
+template <class P, class In, class Out, bool FromAcc, bool ToAcc>
+__device__ void reduce_rows_by_warp(const In* x, Out* out, long long O, long long R, long long len, long long count) {
+  const long long pieces = (R + len - 1) / len, warps = blockDim.x / 32;
+  const unsigned lane = threadIdx.x % 32;
+  for (long long first = blockIdx.x * warps; first < O * pieces; first += gridDim.x * warps) {
+    const long long b = first + threadIdx.x / 32;
+    unsigned active = 0;
+    typename P::acc a{};
+    if (b < O * pieces) {
+      const long long o = b / pieces, r0 = (b % pieces) * len, r1 = r0 + len < R ? r0 + len : R;
+      active = r1 - r0 < 32 ? static_cast<unsigned>(r1 - r0) : 32;
+      if (lane < active) {
+        a = load_at<P, FromAcc>(x, o * R + r0 + lane, r0 + lane);
+        long long r = r0 + lane + 32;
+        for (; r + 96 < r1; r += 128) {
+          const typename P::acc a0 = load_at<P, FromAcc>(x, o * R + r, r);
+          const typename P::acc a1 = load_at<P, FromAcc>(x, o * R + r + 32, r + 32);
+          const typename P::acc a2 = load_at<P, FromAcc>(x, o * R + r + 64, r + 64);
+          const typename P::acc a3 = load_at<P, FromAcc>(x, o * R + r + 96, r + 96);
+          a = P::combine(a, P::combine(P::combine(a0, a1), P::combine(a2, a3)));
+        }
+        for (; r < r1; r += 32) a = P::combine(a, load_at<P, FromAcc>(x, o * R + r, r));
+      }
+    }
+    a = warp_combine<P>(a, active);
+    if (active > 0 && lane == 0) store_at<P, ToAcc>(out, b, a, count);
+  }
+}
 
 // I == 1: x is (O, R); each of the O * pieces blocks' worth of work (grid
 // stride) is one piece of len elements of one row, reduced by the whole
-// block; out is (O, pieces).
+// block, or by a warp where pieces are short (reduce_rows_by_warp); out is
+// (O, pieces).
 template <class P, class In, class Out, bool FromAcc, bool ToAcc>
 __device__ void reduce_rows(const In* x, Out* out, long long O, long long R, long long len, long long count) {
+  if (len <= warp_row_limit) return reduce_rows_by_warp<P, In, Out, FromAcc, ToAcc>(x, out, O, R, len, count);
   __shared__ typename P::acc buf[max_block_threads];
   const long long pieces = (R + len - 1) / len;
   const unsigned t = threadIdx.x;

@@ -18,9 +18,37 @@ __device__ T normalised(T x, T max, double sum) {
   else return exp_of(x - max) * static_cast<T>(1 / sum);
 }
 
-// I == 1: one row of R per block (grid stride over the O rows).
+// softmax_rows for rows of at most warp_row_limit: a warp per row, the
+// block's warps taking consecutive rows (blockDim.x a multiple of 32), every
+// warp making the same number of turns (see reduce_rows_by_warp).
+template <bool Log, class T>
+__device__ void softmax_rows_by_warp(const T* x, T* y, long long O, long long R) {
+  const long long warps = blockDim.x / 32;
+  const unsigned lane = threadIdx.x % 32, active = R < 32 ? static_cast<unsigned>(R) : 32;
+  for (long long first = blockIdx.x * warps; first < O; first += gridDim.x * warps) {
+    const long long o = first + threadIdx.x / 32;
+    const bool mine = o < O;
+    const T* row = x + (mine ? o : 0) * R;
+    T m = 0;
+    if (mine && lane < active) {
+      m = row[lane];
+      for (long long r = lane + 32; r < R; r += 32) m = reduce_extreme<T, true>::combine(m, row[r]);
+    }
+    m = warp_combine<reduce_extreme<T, true>>(m, mine ? active : 0);
+    double s = 0;
+    if (mine)
+      for (long long r = lane; r < R; r += 32) s += exp_of(row[r] - m);
+    s = warp_combine<reduce_sum<double>>(s, mine ? 32 : 0);
+    if (mine)
+      for (long long r = lane; r < R; r += 32) y[o * R + r] = normalised<Log>(row[r], m, s);
+  }
+}
+
+// I == 1: one row of R per block (grid stride over the O rows), or per warp
+// where rows are short (softmax_rows_by_warp).
 template <bool Log, class T>
 __device__ void softmax_rows(const T* x, T* y, long long O, long long R) {
+  if (R <= warp_row_limit) return softmax_rows_by_warp<Log>(x, y, O, R);
   __shared__ T maxima[max_block_threads];
   __shared__ double sums[max_block_threads];
   const unsigned t = threadIdx.x;

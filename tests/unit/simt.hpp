@@ -106,3 +106,6 @@ void launch(unsigned blocks, unsigned threads, Kernel kernel) {
 #define __device__
 #define __shared__ static
 #define __syncthreads() simt::block_barrier->arrive_and_wait()
+// The kernels' warps make the same turns as their block (reduce.cuh), so a
+// warp's barrier can be the block's.
+#define __syncwarp() simt::block_barrier->arrive_and_wait()

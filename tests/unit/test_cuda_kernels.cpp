@@ -157,6 +157,8 @@ TEST_CASE("cuda kernels: every reduction of every dtype, planned for a GPU and r
       {{6, 5, 7, 4}, std::vector<std::int64_t>{0, 2}},  // interleaved axes: two passes
       {{6, 5, 7, 4}, std::vector<std::int64_t>{3}},
       {{1, 9, 1}, std::vector<std::int64_t>{1}},
+      {{5, 1024}, std::vector<std::int64_t>{1}},  // the longest rows a warp reduces
+      {{3, 1025}, std::vector<std::int64_t>{1}},  // the shortest a block does
   };
   int checked = 0;
   for (const Case& c : cases)
@@ -175,7 +177,28 @@ TEST_CASE("cuda kernels: every reduction of every dtype, planned for a GPU and r
         }
       }
     }
-  CHECK(checked == 340);
+  CHECK(checked == 440);
+}
+
+static_assert(kernels::warp_row_limit == backend::cuda::warp_row_elements);
+
+TEST_CASE("cuda kernels: short rows take a warp each, up to 8 in a block; longer ones a block") {
+  using Blocks = std::vector<std::array<std::int64_t, 3>>;
+  const auto rows = backend::cuda::plan_reduce(Blocks{{37, 300, 1}}, 8, 132);
+  REQUIRE(rows.steps.size() == 1);
+  CHECK(rows.steps[0].threads == 256);
+  CHECK(rows.steps[0].blocks == 5);  // 37 rows, 8 a block
+  const auto few = backend::cuda::plan_reduce(Blocks{{3, 1024, 1}}, 8, 132);
+  CHECK(few.steps[0].threads == 96);
+  CHECK(few.steps[0].blocks == 1);
+  const auto long_rows = backend::cuda::plan_reduce(Blocks{{3, 1025, 1}}, 8, 132);
+  CHECK(long_rows.steps[0].threads == 256);
+  CHECK(long_rows.steps[0].blocks == 3);
+  const auto softmax = backend::cuda::plan_softmax(65536, 1024, 1, 132);
+  CHECK(softmax.threads == 256);
+  CHECK(softmax.blocks == 132 * 32);  // capped: the warps take turns
+  CHECK(backend::cuda::plan_softmax(3, 1025, 1, 132).threads == 256);
+  CHECK(backend::cuda::plan_softmax(3, 10, 1, 132).threads == 96);
 }
 
 TEST_CASE("cuda kernels: NaN wins max, min and argmax; argmax takes the first of equal maxima") {
@@ -207,7 +230,7 @@ TEST_CASE("cuda kernels: a whole-tensor sum of 2^20 float32 in pieces is correct
 TEST_CASE("cuda kernels: softmax and log_softmax, planned for a GPU and run on simulated threads, are the CPU's") {
   for (DType d : {DType::float32, DType::float64})
     for (const auto& [shape, axis] : std::vector<std::pair<Shape, int>>{{{40, 10}, 1}, {{3, 700}, -1}, {{5, 9, 6}, 1},
-                                                                      {{300, 4}, 0}})
+                                                                      {{300, 4}, 0}, {{37, 50}, 1}, {{2, 1500}, 1}})
       for (bool log : {false, true}) {
         Tensor x = sample(d, shape, 5) * 100;  // large values: exp would overflow without the maximum subtracted
         const Tensor want = log ? log_softmax(x, axis) : softmax(x, axis);

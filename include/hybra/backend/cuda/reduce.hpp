@@ -111,10 +111,14 @@ struct ReducePlan {
   std::int64_t count = 1;  // input elements per result element (a mean divides by it)
 };
 
+// kernels/reduce.cuh's warp_row_limit: rows (or pieces) this short are
+// reduced by a warp each, up to 8 in a block.
+constexpr std::int64_t warp_row_elements = 1024;
+
 // The steps of a reduction whose passes are `blocks` ((O, R, I) each, the
 // first reading the input), with accumulators of acc_bytes, for a GPU of
-// `multiprocessors` SMs, at most max_threads (a power of two ≤ 256) threads
-// per block.
+// `multiprocessors` SMs, at most max_threads (a power of two from 32 to 256)
+// threads per block.
 inline ReducePlan plan_reduce(std::span<const std::array<std::int64_t, 3>> blocks, std::int64_t acc_bytes,
                               int multiprocessors, unsigned max_threads = 256) {
   using i64 = std::int64_t;
@@ -132,6 +136,10 @@ inline ReducePlan plan_reduce(std::span<const std::array<std::int64_t, 3>> block
     if (s.columns) {
       s.threads = max_threads;
       s.blocks = static_cast<unsigned>(std::min(grid_cap, ceil_div(O * ceil_div(R, len) * I, max_threads)));
+    } else if (len <= warp_row_elements) {
+      const i64 pieces = O * ceil_div(R, len);
+      s.threads = static_cast<unsigned>(std::min<i64>(max_threads, 32 * std::clamp<i64>(pieces, 1, 8)));
+      s.blocks = static_cast<unsigned>(std::min(grid_cap, ceil_div(pieces, s.threads / 32)));
     } else {
       unsigned threads = 32;  // a warp at least; no more threads than a piece has elements
       while (threads < max_threads && threads < len) threads *= 2;
@@ -271,9 +279,10 @@ inline auto cuda_reduce_launcher(Reduction r, DType in, backend::cuda::Gpu& gpu)
   };
 }
 
-// How softmax of an (O, R, I) block is launched: a block per row (I == 1)
-// with as many threads as the row has elements, up to 256; or a thread per
-// column.
+// How softmax of an (O, R, I) block is launched: a warp per row (I == 1)
+// of at most warp_row_elements, up to 8 rows in a block; a block per longer
+// row, with as many threads as the row has elements, up to 256; or a thread
+// per column.
 struct SoftmaxLaunch {
   bool columns;
   unsigned blocks, threads;
@@ -282,6 +291,10 @@ struct SoftmaxLaunch {
 inline SoftmaxLaunch plan_softmax(std::int64_t O, std::int64_t R, std::int64_t I, int multiprocessors) {
   const std::int64_t cap = std::int64_t{std::max(1, multiprocessors)} * 32;
   if (I > 1) return {true, static_cast<unsigned>(std::min(cap, (O * I + 255) / 256)), 256};
+  if (R <= warp_row_elements) {
+    const auto warps = static_cast<unsigned>(std::clamp<std::int64_t>(O, 1, 8));
+    return {false, static_cast<unsigned>(std::min(cap, (O + warps - 1) / warps)), 32 * warps};
+  }
   unsigned threads = 32;
   while (threads < 256 && threads < R) threads *= 2;
   return {false, static_cast<unsigned>(std::min(cap, O)), threads};
