@@ -51,7 +51,7 @@ __device__ void cumsum_by_thread(const In* x, Out* y, long long outer, long long
     const long long start = column_start(c, R, inner);
     Out acc = 0;
     for (long long k = 0; k < R; ++k) {
-      const long long at = start + (reverse ? R - 1 - k : k) * inner;
+      const long long at = scan_element(start, R, inner, reverse, k);
       acc += static_cast<Out>(x[at]);
       y[at] = acc;
     }

@@ -385,8 +385,8 @@ inline int train(int argc, char** argv, const Program& program, const std::funct
   std::ofstream csv(o.csv);
   csv << "epoch,loss,train_acc,test_acc,seconds,step_ms\n";
   for (std::size_t i = 0; i < curve.size(); ++i)
-    csv << static_cast<std::size_t>(first_epoch) + i << ',' << curve[i].loss << ',' << curve[i].train_acc << ',' << curve[i].test_acc << ','
-        << curve[i].seconds << ',' << curve[i].step_ms << '\n';
+    csv << static_cast<std::size_t>(first_epoch) + i << ',' << curve[i].loss << ',' << curve[i].train_acc << ','
+        << curve[i].test_acc << ',' << curve[i].seconds << ',' << curve[i].step_ms << '\n';
   if (!csv) throw hybra::io::FileError("cannot write '" + o.csv + "'");
   write_svg(o.svg, curve);
   std::printf("learning curve: %s, %s\n", o.csv.c_str(), o.svg.c_str());
