@@ -8,6 +8,7 @@ packages=(
   cmake ninja-build g++ git ccache pkg-config
   libboost1.81-dev # Boost.Yap/Hana 1.81 (NOT libboost-dev, which is 1.74)
   libboost-json1.81-dev # Boost.JSON, compiled: model files (include/hybra/io/)
+  libboost-program-options1.81-dev # the examples' command lines (examples/common/command_line.hpp)
   doctest-dev libopenblas-dev libbenchmark-dev libeigen3-dev zlib1g-dev
   clang libclang-rt-14-dev # libFuzzer and its sanitizer runtimes: tests/fuzz/run.sh
   python3-venv # the MXNet interop test's venv (mxnet from PyPI): tests/interop/

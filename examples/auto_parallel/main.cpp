@@ -20,10 +20,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <hybra/hybra.hpp>
 #include <thread>
 #include <vector>
+
+#include "../common/command_line.hpp"
 
 using Clock = std::chrono::steady_clock;
 
@@ -62,7 +63,11 @@ double max_abs_diff(const hybra::Tensor& a, const hybra::Tensor& b) {
 }
 
 int main(int argc, char** argv) {
-  const bool smoke = argc > 1 && std::strcmp(argv[1], "--smoke") == 0;
+  const bool smoke = example::smoke_run(argc, argv,
+      "auto_parallel: automatic parallelism (D2L 13.3). Two chains of matrix products on cpu(0) and cpu(1),\n"
+      "alone and side by side, and results copied to cpu(1) while the next is computed (1000x1000 matrices,\n"
+      "median of 3 runs; 2^22-element vectors, median of 5 runs).",
+      "small sizes, one run; checks every result against a sequential run on cpu(0)");
   const std::int64_t n = smoke ? 96 : 1000, m = smoke ? 4096 : std::int64_t{1} << 22;
   const int steps = 10, runs1 = smoke ? 1 : 3, runs2 = smoke ? 1 : 5;
   const auto cpu0 = hybra::cpu(0), cpu1 = hybra::cpu(1);

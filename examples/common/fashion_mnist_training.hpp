@@ -2,41 +2,41 @@
 // The training program of the examples that train on Fashion-MNIST
 // (train_lenet, train_resnet): D2L's "multi-GPU" and "concise multi-GPU"
 // chapters on hybra's CPU devices, GPUs or a mix. A main() gives the model and
-// its defaults; this runs the rest: options, data, Trainer over split_and_load,
-// a progress bar per epoch, the learning curve as CSV and SVG, and training
-// across processes under mpirun where the program links hybra::mpi.
+// its defaults; this runs the rest: the command line (PROGRAM --help lists
+// it), data, Trainer over split_and_load, hybra::Progress's bar and learning
+// curve, and training across processes under mpirun where the program links
+// hybra::mpi.
 //
-//   PROGRAM [--devices cpu0,cpu1 | cuda0,cuda1] [--epochs N] [--batch-size B] [--lr X]
-//           [--hybridize | --no-hybridize] [--train-size N] [--test-size N]
-//           [--csv FILE] [--svg FILE] [--data DIR] [--seed N] [--save PREFIX] [--resume PREFIX]
-//           [--smoke] [the model's own options]
-//
-// Each epoch prints a progress bar (samples/s, loss), then the test accuracy
-// and the mean time of a training step after the first; the learning curve goes to the CSV
-// file (epoch,loss,train_acc,test_acc,seconds,step_ms) and to an SVG plot next
-// to it. --save writes the weights and the Trainer's state after every epoch
-// (PREFIX.params, PREFIX.states); --resume reads them and runs the epochs
-// after theirs up to --epochs, ending where the uninterrupted run would.
+// Each epoch prints a progress bar (samples/s, loss, time left), then a line
+// of the epoch's loss, training and test accuracy, seconds, and the mean time
+// of a training step after the first; the same columns go to the CSV file and
+// the accuracies and loss to an SVG plot next to it, both rewritten after
+// every epoch. --save writes the weights and the Trainer's state after every
+// epoch (PREFIX.params, PREFIX.states); --resume reads them and runs the
+// epochs after theirs up to --epochs, ending where the uninterrupted run
+// would, with the earlier epochs' rows kept in the CSV.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <hybra/data.hpp>
 #include <hybra/hybra.hpp>
 #include <hybra/nn/loss.hpp>
+#include <hybra/optim/progress.hpp>
 #include <hybra/optim/sgd.hpp>
 #include <hybra/optim/trainer.hpp>
 #include <hybra/parallel/split.hpp>
 #include <iostream>
+#include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 #ifdef HYBRA_WITH_MPI
 #include <hybra/parallel/mpi.hpp>
 #endif
+
+#include "command_line.hpp"
 
 namespace example {
 
@@ -57,106 +57,102 @@ struct Options {
   std::string save, resume;   // file prefixes: PREFIX.params and PREFIX.states
 };
 
-// What a program trains and how: its name, the defaults of its options, its
-// --smoke run, and its own options (a flag, and how to read its value).
+// What a program trains and how: its name, what --help says of it, the
+// defaults of its options, its --smoke run, and its own options, which its
+// model builder reads from the parsed command line.
 struct Program {
-  std::string name, model;
+  std::string name, model, about;
   Options defaults;
   Options smoke;                 // the smoke run's devices, epochs, batch size, lr, train and test sizes
   double smoke_accuracy = 0.5;   // the test accuracy a smoke run must reach
-  std::vector<std::pair<std::string, std::function<void(const std::string&)>>> model_options;
-  std::string model_usage;
+  std::function<void(po::options_description&)> model_options;
 };
 
-[[noreturn]] inline void usage(const Program& p, const std::string& why) {
-  std::cerr << p.name << ": " << why << "\nusage: " << p.name
-            << " [--devices cpu0,cpu1 | cuda0,cuda1] [--epochs N] [--batch-size B] [--lr X] "
-               "[--hybridize | --no-hybridize] [--train-size N] [--test-size N] [--csv FILE] [--svg FILE] "
-               "[--data DIR] [--seed N] [--save PREFIX] [--resume PREFIX] [--smoke]"
-            << p.model_usage << "\n";
-  std::exit(2);
-}
-
-inline double positive_number(const Program& p, const std::string& flag, const std::string& text) {
-  try {
-    std::size_t used = 0;
-    double v = std::stod(text, &used);
-    if (used == text.size() && v > 0) return v;
-  } catch (const std::exception&) {
+// "cpu0,cuda1" as devices; a mistake is a command-line error.
+inline std::vector<hybra::Device> device_list(const std::string& program, const std::string& list) {
+  std::vector<hybra::Device> devices;
+  for (std::size_t at = 0; at <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    const std::string d = list.substr(at, comma - at);
+    const std::size_t digits = d.rfind("cpu", 0) == 0 ? 3 : d.rfind("cuda", 0) == 0 ? 4 : 0;
+    if (digits == 0 || d.size() == digits || d.size() > digits + 2 ||
+        d.find_first_not_of("0123456789", digits) != std::string::npos)
+      bad_command_line(program, "device '" + d + "' is not cpuN or cudaN");
+    const int id = std::stoi(d.substr(digits));
+    devices.push_back(digits == 3 ? hybra::cpu(id) : hybra::cuda(id));
+    at = comma + 1;
   }
-  usage(p, flag + " takes a positive number, not '" + text + "'");
+  return devices;
 }
 
-inline Options parse(const Program& p, int argc, char** argv) {
-  Options o = p.defaults;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) usage(p, std::string(argv[i]) + " needs a value");
-    return argv[++i];
+inline std::string shortest(double v) {
+  std::ostringstream text;
+  text << v;
+  return text.str();
+}
+
+// The options as the command line gives them: a value given wins, then the
+// smoke run's where --smoke is given, then the program's default.
+inline Options parse(const Program& p, int argc, char** argv, po::variables_map& given) {
+  const Options& d = p.defaults;
+  po::options_description training("training");
+  training.add_options()
+      ("devices", po::value<std::string>()->default_value("cpu0"), "where to train: cpu0,cpu1 | cuda0,cuda1 | a mix")
+      ("epochs", po::value<int>()->default_value(d.epochs), "epochs to train")
+      ("batch-size", po::value<std::int64_t>()->default_value(d.batch_size), "images in a step, over all devices")
+      ("lr", po::value<double>()->default_value(d.lr, shortest(d.lr)), "SGD's learning rate (momentum 0.9)")
+      ("hybridize", "train the hybridized network (the default)")
+      ("no-hybridize", "train eagerly")
+      ("train-size", po::value<std::int64_t>()->default_value(0), "train on the first N images (0: all 60000)")
+      ("test-size", po::value<std::int64_t>()->default_value(0), "test on the first N images (0: all 10000)")
+      ("seed", po::value<std::string>()->default_value(std::to_string(d.seed)),
+       "the initial weights' seed (the data's order takes seed + 35)")
+      ("save", po::value<std::string>(), "PREFIX: write PREFIX.params and PREFIX.states after every epoch")
+      ("resume", po::value<std::string>(), "PREFIX: continue the run whose --save PREFIX wrote them")
+      ("csv", po::value<std::string>(), "the learning curve's CSV file (default: PROGRAM.csv)")
+      ("svg", po::value<std::string>(), "its plot (default: the CSV's name with .svg)")
+      ("data", po::value<std::string>()->default_value(d.data), "Fashion-MNIST's directory")
+      ("smoke", "a short run that must learn, as the test suite makes");
+  po::options_description all;
+  all.add(training);
+  if (p.model_options) {
+    po::options_description model("model");
+    p.model_options(model);
+    all.add(model);
+  }
+  given = command_line(argc, argv, p.about, all);
+
+  Options o = d;
+  o.smoke = given.count("smoke") > 0;
+  auto chosen = [&](const char* name, auto given_value, auto smoke_value, auto& into) {
+    into = o.smoke && given[name].defaulted() ? smoke_value : given_value;
   };
-  auto number = [&](const std::string& flag, const std::string& text) { return positive_number(p, flag, text); };
-  bool devices_given = false;  // --smoke's devices are only a default
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--devices") {
-      devices_given = true;
-      o.devices.clear();
-      std::string list = value(i);
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        const std::string d = list.substr(at, comma - at);
-        const std::size_t digits = d.rfind("cpu", 0) == 0 ? 3 : d.rfind("cuda", 0) == 0 ? 4 : 0;
-        if (digits == 0 || d.size() == digits || d.size() > digits + 2 ||
-            d.find_first_not_of("0123456789", digits) != std::string::npos)
-          usage(p, "device '" + d + "' is not cpuN or cudaN");
-        const int id = std::stoi(d.substr(digits));
-        o.devices.push_back(digits == 3 ? hybra::cpu(id) : hybra::cuda(id));
-        at = comma + 1;
-      }
-    } else if (a == "--epochs") {
-      o.epochs = static_cast<int>(number(a, value(i)));
-    } else if (a == "--batch-size") {
-      o.batch_size = static_cast<std::int64_t>(number(a, value(i)));
-    } else if (a == "--lr") {
-      o.lr = number(a, value(i));
-    } else if (a == "--hybridize") {
-      o.hybridize = true;
-    } else if (a == "--no-hybridize") {
-      o.hybridize = false;
-    } else if (a == "--train-size") {
-      o.train_size = static_cast<std::int64_t>(number(a, value(i)));
-    } else if (a == "--test-size") {
-      o.test_size = static_cast<std::int64_t>(number(a, value(i)));
-    } else if (a == "--csv") {
-      o.csv = value(i);
-    } else if (a == "--svg") {
-      o.svg = value(i);
-    } else if (a == "--data") {
-      o.data = value(i);
-    } else if (a == "--seed") {
-      const std::string text = value(i);
-      if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || text.size() > 19)
-        usage(p, "--seed takes a whole number, not '" + text + "'");
-      o.seed = std::stoull(text);
-    } else if (a == "--save") {
-      o.save = value(i);
-    } else if (a == "--resume") {
-      o.resume = value(i);
-    } else if (a == "--smoke") {
-      o.smoke = true;
-      o.epochs = p.smoke.epochs;
-      o.lr = p.smoke.lr;
-      o.batch_size = p.smoke.batch_size;
-      o.train_size = p.smoke.train_size;
-      o.test_size = p.smoke.test_size;
-    } else {
-      auto own = std::find_if(p.model_options.begin(), p.model_options.end(), [&](const auto& m) { return m.first == a; });
-      if (own == p.model_options.end()) usage(p, "unknown option '" + a + "'");
-      own->second(value(i));
-    }
-  }
-  if (o.smoke && !devices_given) o.devices = p.smoke.devices;
-  if (o.csv.empty()) o.csv = p.name + ".csv";
-  if (o.svg.empty()) o.svg = std::filesystem::path(o.csv).replace_extension(".svg").string();
+  auto positive = [&](const char* name, double v) {
+    if (!(v > 0)) bad_command_line(p.name, std::string("--") + name + " takes a positive number, not " + shortest(v));
+  };
+  chosen("epochs", given["epochs"].as<int>(), p.smoke.epochs, o.epochs);
+  chosen("batch-size", given["batch-size"].as<std::int64_t>(), p.smoke.batch_size, o.batch_size);
+  chosen("lr", given["lr"].as<double>(), p.smoke.lr, o.lr);
+  chosen("train-size", given["train-size"].as<std::int64_t>(), p.smoke.train_size, o.train_size);
+  chosen("test-size", given["test-size"].as<std::int64_t>(), p.smoke.test_size, o.test_size);
+  chosen("devices", device_list(p.name, given["devices"].as<std::string>()), p.smoke.devices, o.devices);
+  positive("epochs", o.epochs);
+  positive("batch-size", static_cast<double>(o.batch_size));
+  positive("lr", o.lr);
+  if (o.train_size < 0 || o.test_size < 0) bad_command_line(p.name, "--train-size and --test-size take N >= 0");
+  if (given.count("hybridize") && given.count("no-hybridize"))
+    bad_command_line(p.name, "--hybridize and --no-hybridize are both given");
+  o.hybridize = !given.count("no-hybridize");
+  const std::string seed = given["seed"].as<std::string>();
+  if (seed.empty() || seed.find_first_not_of("0123456789") != std::string::npos || seed.size() > 19)
+    bad_command_line(p.name, "--seed takes a whole number, not '" + seed + "'");
+  o.seed = std::stoull(seed);
+  if (given.count("save")) o.save = given["save"].as<std::string>();
+  if (given.count("resume")) o.resume = given["resume"].as<std::string>();
+  o.data = given["data"].as<std::string>();
+  o.csv = given.count("csv") ? given["csv"].as<std::string>() : p.name + ".csv";
+  o.svg = given.count("svg") ? given["svg"].as<std::string>()
+                             : std::filesystem::path(o.csv).replace_extension(".svg").string();
   return o;
 }
 
@@ -182,49 +178,6 @@ inline double accuracy(nn::HybridSequential& net, hybra::data::DataLoader& loade
   return total / static_cast<double>(seen);
 }
 
-struct EpochResult {
-  double loss, train_acc, test_acc, seconds, step_ms;
-};
-
-inline void write_svg(const std::string& path, const std::vector<EpochResult>& curve) {
-  const double w = 640, h = 400, left = 50, right = 20, top = 20, bottom = 40;
-  double top_loss = 0;
-  for (const auto& e : curve) top_loss = std::max(top_loss, e.loss);
-  top_loss = std::max(1.0, std::ceil(top_loss));
-  const double top_value = std::max(1.0, top_loss);
-  auto x = [&](std::size_t i) {
-    return left + (curve.size() <= 1 ? 0.5 : static_cast<double>(i) / static_cast<double>(curve.size() - 1)) *
-                      (w - left - right);
-  };
-  auto y = [&](double v) { return top + (1 - v / top_value) * (h - top - bottom); };
-  std::ofstream out(path);
-  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << h << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
-      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      << "<line x1=\"" << left << "\" y1=\"" << h - bottom << "\" x2=\"" << w - right << "\" y2=\"" << h - bottom << "\" stroke=\"black\"/>\n"
-      << "<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left << "\" y2=\"" << h - bottom << "\" stroke=\"black\"/>\n";
-  for (double v = 0; v <= top_value + 1e-9; v += top_value / 5)
-    out << "<text x=\"" << left - 6 << "\" y=\"" << y(v) + 4 << "\" text-anchor=\"end\">" << v << "</text>\n";
-  for (std::size_t i = 0; i < curve.size(); ++i)
-    out << "<text x=\"" << x(i) << "\" y=\"" << h - bottom + 16 << "\" text-anchor=\"middle\">" << i + 1 << "</text>\n";
-  out << "<text x=\"" << (w + left) / 2 << "\" y=\"" << h - 6 << "\" text-anchor=\"middle\">epoch</text>\n";
-  const struct {
-    const char* name;
-    const char* color;
-    double EpochResult::*field;
-  } series[] = {{"train loss", "#1f77b4", &EpochResult::loss},
-                {"train acc", "#ff7f0e", &EpochResult::train_acc},
-                {"test acc", "#2ca02c", &EpochResult::test_acc}};
-  int row = 0;
-  for (const auto& s : series) {
-    out << "<polyline fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"2\" points=\"";
-    for (std::size_t i = 0; i < curve.size(); ++i) out << x(i) << ',' << y(curve[i].*s.field) << ' ';
-    out << "\"/>\n<text x=\"" << w - right - 90 << "\" y=\"" << top + 14 + 16 * row++ << "\" fill=\"" << s.color << "\">"
-        << s.name << "</text>\n";
-  }
-  out << "</svg>\n";
-  if (!out) throw hybra::io::FileError("cannot write '" + path + "'");
-}
-
 // This process's place among the processes training together (one, without MPI).
 struct Processes {
 #ifdef HYBRA_WITH_MPI
@@ -242,10 +195,14 @@ struct Processes {
 #endif
 };
 
-// Trains the model `build` makes as the options say; returns main()'s status.
-inline int train(int argc, char** argv, const Program& program, const std::function<nn::HybridSequential()>& build) try {
+// Trains the model `build` makes (from the options and the parsed command
+// line, which holds the program's own options) as the options say; returns
+// main()'s status.
+using Builder = std::function<nn::HybridSequential(const Options&, const po::variables_map&)>;
+inline int train(int argc, char** argv, const Program& program, const Builder& build) try {
   Processes processes(argc, argv);
-  const Options o = parse(program, argc, argv);
+  po::variables_map given;
+  const Options o = parse(program, argc, argv, given);
   const bool leader = processes.rank() == 0;
   hybra::data::FashionMNIST train_set(true, o.data), test_set(false, o.data);
   hybra::data::ArrayDataset train = train_set, test = test_set;
@@ -256,7 +213,7 @@ inline int train(int argc, char** argv, const Program& program, const std::funct
   hybra::data::DataLoader test_loader(test, 1000);
 
   hybra::seed(o.seed);
-  nn::HybridSequential net = build();
+  nn::HybridSequential net = build(o, given);
   net.initialize(nn::init::Xavier(), o.devices);
   // Deferred shapes: one predict-mode call per device completes every
   // parameter, on every device, before a resumed run's values replace them.
@@ -291,15 +248,16 @@ inline int train(int argc, char** argv, const Program& program, const std::funct
     if (first_epoch > 1) std::printf(", resumed after epoch %d of %s", first_epoch - 1, o.resume.c_str());
     std::printf("\n");
   }
-  const bool tty = leader && isatty(fileno(stdout));
-  std::vector<EpochResult> curve;
+  hybra::Progress progress({.epochs = o.epochs, .batches = train_loader.size(),
+                            .columns = {{"loss"}, {"train_acc"}, {"test_acc"}, {"seconds", false}, {"step_ms", false}},
+                            .csv = leader ? o.csv : "", .svg = leader ? o.svg : "", .first_epoch = first_epoch,
+                            .out = leader ? stdout : nullptr});
   for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
-    const auto start = std::chrono::steady_clock::now();
+    progress.begin_epoch(epoch);
     std::vector<Tensor> loss_sums, hit_sums;
     std::vector<std::size_t> step_losses;  // where each step's losses start in loss_sums
     std::int64_t samples = 0, local_samples = 0;
     std::size_t batch = 0;
-    auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     // Over this process's devices, then, at the end of the epoch, over the
     // processes: the progress bar is the leader's alone, and a collective
     // that only the leader joined would never return.
@@ -314,13 +272,7 @@ inline int train(int argc, char** argv, const Program& program, const std::funct
       if (std::isnan(loss))
         throw hybra::ValueError("training diverged: the loss is NaN in epoch " + std::to_string(epoch) + " (batch " +
                                 std::to_string(batch) + "); lower the learning rate (--lr)");
-      if (!leader) return loss;
-      const int width = 30, done = static_cast<int>(width * batch / train_loader.size());
-      std::printf("%sepoch %d/%d [%s%s] %3zu%% %8.0f samples/s  loss %.4f%s", tty ? "\r" : "", epoch, o.epochs,
-                  std::string(static_cast<std::size_t>(done), '#').c_str(),
-                  std::string(static_cast<std::size_t>(width - done), '.').c_str(), 100 * batch / train_loader.size(),
-                  static_cast<double>(samples) / seconds(), loss, last || !tty ? "\n" : "");
-      std::fflush(stdout);
+      progress.update(batch, samples, loss);
       return loss;
     };
     // The steps' pace: from the end of the first step (which captures and
@@ -359,7 +311,7 @@ inline int train(int argc, char** argv, const Program& program, const std::funct
         hybra::waitall();
         after_first = std::chrono::steady_clock::now();
       }
-      if (tty && batch % 20 == 0) report(false);
+      if (progress.redraws() && batch % 20 == 0 && batch < train_loader.size()) report(false);
     }
     hybra::waitall();
     const double step_ms = batch > 1 ? std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
@@ -369,12 +321,9 @@ inline int train(int argc, char** argv, const Program& program, const std::funct
     const double loss = report(true);
     const double train_acc = total(hit_sums, true) / static_cast<double>(samples);
     // Each process has the same weights, so each measures the whole test set; one prints it.
-    const double epoch_seconds = seconds();
+    const double epoch_seconds = progress.epoch_seconds();
     const double test_acc = accuracy(net, test_loader, o.devices);
-    if (leader)
-      std::printf("epoch %d: loss %.4f, train acc %.4f, test acc %.4f, %.1f s, %.1f ms a step after the first\n", epoch,
-                  loss, train_acc, test_acc, epoch_seconds, step_ms);
-    curve.push_back({loss, train_acc, test_acc, epoch_seconds, step_ms});
+    progress.end_epoch({loss, train_acc, test_acc, epoch_seconds, step_ms});
     if (leader && !o.save.empty()) {
       net.save_parameters(o.save + ".params");
       trainer.save_states(o.save + ".states");
@@ -382,17 +331,11 @@ inline int train(int argc, char** argv, const Program& program, const std::funct
   }
 
   if (!leader) return 0;
-  std::ofstream csv(o.csv);
-  csv << "epoch,loss,train_acc,test_acc,seconds,step_ms\n";
-  for (std::size_t i = 0; i < curve.size(); ++i)
-    csv << static_cast<std::size_t>(first_epoch) + i << ',' << curve[i].loss << ',' << curve[i].train_acc << ','
-        << curve[i].test_acc << ',' << curve[i].seconds << ',' << curve[i].step_ms << '\n';
-  if (!csv) throw hybra::io::FileError("cannot write '" + o.csv + "'");
-  write_svg(o.svg, curve);
   std::printf("learning curve: %s, %s\n", o.csv.c_str(), o.svg.c_str());
-  if (o.smoke && curve.back().test_acc < program.smoke_accuracy) {
+  const double test_acc = progress.curve().back().values[2];
+  if (o.smoke && test_acc < program.smoke_accuracy) {
     std::fprintf(stderr, "%s: test accuracy %.3f after the smoke epoch: it did not learn (at least %.2f expected)\n",
-                 program.name.c_str(), curve.back().test_acc, program.smoke_accuracy);
+                 program.name.c_str(), test_acc, program.smoke_accuracy);
     return 1;
   }
   return 0;

@@ -8,19 +8,30 @@
 //   deploy --smoke                  the defaults (as the test suite runs it)
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <hybra/hybra.hpp>
 #include <string>
 #include <vector>
 
+#include "../common/command_line.hpp"
+
 namespace nn = hybra::nn;
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args;
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--smoke") != 0) args.emplace_back(argv[i]);
-  const std::string symbol_file = args.size() > 0 ? args[0] : "my_mlp-symbol.json";
-  const std::string param_file = args.size() > 1 ? args[1] : "my_mlp-0000.params";
+  namespace po = example::po;
+  po::options_description options("options");
+  options.add_options()
+      ("symbol", po::value<std::string>()->default_value("my_mlp-symbol.json"), "the graph (MXNet's symbol JSON)")
+      ("params", po::value<std::string>()->default_value("my_mlp-0000.params"), "the weights (MXNet's .params)")
+      ("smoke", "the default files, as the test suite runs it");
+  po::positional_options_description files;
+  files.add("symbol", 1).add("params", 1);
+  const po::variables_map given = example::command_line(
+      argc, argv,
+      "deploy [SYMBOL_JSON [PARAMS]]: runs a model another program exported, with none of its code (by default\n"
+      "the files examples/hybrid_mlp writes), on the same input; a damaged file is an error naming where.",
+      options, files);
+  const std::string symbol_file = given["symbol"].as<std::string>();
+  const std::string param_file = given["params"].as<std::string>();
 
   try {
     const auto start = std::chrono::steady_clock::now();

@@ -14,11 +14,12 @@
 //   fancy_func           prints the three parts
 //   fancy_func --smoke   the same, and checks every value (the test suite's run)
 #include <cstdio>
-#include <cstring>
 #include <hybra/hybra.hpp>
 #include <iostream>
 #include <sstream>
 #include <string>
+
+#include "../common/command_line.hpp"
 
 // The chapter's program. T is hybra::Tensor (computes) or hybra::Symbol
 // (adds graph nodes); `a + b` is an expression of either, converted to T.
@@ -48,7 +49,10 @@ void print_indented(const T& x) {
 }
 
 int main(int argc, char** argv) {
-  const bool smoke = argc > 1 && std::strcmp(argv[1], "--smoke") == 0;
+  const bool smoke = example::smoke_run(argc, argv,
+      "fancy_func: imperative against symbolic programming (D2L 13.1). The chapter's fancy_func run on\n"
+      "Tensors, traced into a graph and run, and folded into one constant.",
+      "the same, checking every value");
   namespace graph = hybra::graph;
   namespace sym = hybra::sym;
   using hybra::Symbol;

@@ -13,11 +13,12 @@
 //   hybrid_net           prints what the chapter shows
 //   hybrid_net --smoke   the same, and checks the number of prints and the outputs
 #include <cstdio>
-#include <cstring>
 #include <hybra/hybra.hpp>
 #include <iostream>
 #include <memory>
 #include <type_traits>
+
+#include "../common/command_line.hpp"
 
 namespace nn = hybra::nn;
 
@@ -44,7 +45,10 @@ class HybridNet : public nn::HybridBlock<HybridNet> {
 };
 
 int main(int argc, char** argv) {
-  const bool smoke = argc > 1 && std::strcmp(argv[1], "--smoke") == 0;
+  const bool smoke = example::smoke_run(argc, argv,
+      "hybrid_net: what hybridize() does to a block (D2L 13.1). hybrid_forward runs on every eager call,\n"
+      "and once, on Symbols, when hybridized.",
+      "the same, checking the prints and the outputs");
   bool ok = true;
   auto check = [&](bool cond, const char* what) {
     if (!cond) {

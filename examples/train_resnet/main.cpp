@@ -4,8 +4,8 @@
 // over split_and_load on the devices given, eager or hybridized.
 //
 //   train_resnet [--devices cpu0,cpu1 | cuda0,cuda1] [--epochs 10] [--batch-size 256] [--lr 0.1]
-//                [--width 64] [--hybridize | --no-hybridize] [--train-size N] [--test-size N]
-//                [--csv FILE] [--svg FILE] [--data DIR]
+//                [--width 64] [--train-size N] ...
+//   train_resnet --help    every option
 //   train_resnet --smoke   a network of width 8, 2048 images in batches of 64 on cpu0 and cpu1, lr 0.05, 1 epoch
 //
 // The book's network is 64 channels wide at first (--width 64): a step of 256
@@ -15,19 +15,19 @@
 #include "../common/fashion_mnist_training.hpp"
 
 int main(int argc, char** argv) {
-  std::int64_t width = 64;
-  bool smoke = false;
-  for (int i = 1; i < argc; ++i) smoke |= std::string(argv[i]) == "--smoke";
-  if (smoke) width = 8;
-  example::Program program{.name = "train_resnet", .model = "ResNet-18"};
+  example::Program program{.name = "train_resnet", .model = "ResNet-18",
+                           .about = "train_resnet: D2L's ResNet-18 trained on Fashion-MNIST as its chapter \"Concise "
+                                    "Implementation for Multiple GPUs\" does,\non hybra's CPU devices, GPUs or a mix."};
   program.smoke = {.devices = {hybra::cpu(0), hybra::cpu(1)}, .epochs = 1, .batch_size = 64, .lr = 0.05,
                    .train_size = 2048, .test_size = 512};
   program.smoke_accuracy = 0.4;
-  program.model_options = {{"--width", [&](const std::string& text) {
-                              width = static_cast<std::int64_t>(example::positive_number(program, "--width", text));
-                            }}};
-  program.model_usage = " [--width CHANNELS]";
-  return example::train(argc, argv, program, [&] {
+  program.model_options = [](example::po::options_description& model) {
+    model.add_options()("width", example::po::value<std::int64_t>(),
+                        "channels of the first convolution (D2L's: 64, the default; --smoke's: 8)");
+  };
+  return example::train(argc, argv, program, [](const example::Options& o, const example::po::variables_map& given) {
+    const std::int64_t width = given.count("width") ? given["width"].as<std::int64_t>() : o.smoke ? 8 : 64;
+    if (width < 1) example::bad_command_line("train_resnet", "--width takes a positive number of channels");
     std::printf("ResNet-18 of width %lld (D2L's: 64)\n", static_cast<long long>(width));
     return hybra::nn::model_zoo::resnet18(10, width);
   });

@@ -37,6 +37,7 @@
 #include "data.hpp"
 #include "optim/adam.hpp"
 #include "optim/clip.hpp"
+#include "optim/progress.hpp"
 #include "optim/sgd.hpp"
 #include "optim/trainer.hpp"
 #include "parallel/allreduce.hpp"

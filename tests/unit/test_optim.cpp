@@ -2,11 +2,12 @@
 // rules over several steps, per-index state, create() by name, operand
 // errors, in-place updates, and that an update queues its work without
 // waiting; learning-rate schedules against MXNet's values, the Trainer
-// following one, clipping by global norm, and the Trainer's state saved and
-// resumed.
+// following one, clipping by global norm, the Trainer's state saved and
+// resumed, and a run's progress shown and kept (Progress).
 #include <hybra/optim/clip.hpp>
 #include <hybra/optim/lr_scheduler.hpp>
 #include <hybra/optim/optimizer.hpp>
+#include <hybra/optim/progress.hpp>
 #include <hybra/optim/trainer.hpp>
 
 #include <atomic>
@@ -638,4 +639,131 @@ TEST_CASE("optim: loading another optimizer's or another model's Trainer state i
   CHECK_THROWS_WITH_AS(sgd.load_states(file),
                        doctest::Contains("has no 'trainer:optimizer': it is not a Trainer::save_states file"), ValueError);
   std::filesystem::remove(file);
+}
+
+namespace {
+
+// What a Progress printed to a temporary file.
+struct Printed {
+  std::FILE* file = std::tmpfile();
+  ~Printed() { std::fclose(file); }
+  std::string text() const {
+    std::fflush(file);
+    std::rewind(file);
+    std::string all;
+    for (int c; (c = std::fgetc(file)) != EOF;) all += static_cast<char>(c);
+    return all;
+  }
+};
+
+ProgressOptions curve_options(const test::ScratchDir& dir, std::FILE* out, int epochs, int first_epoch = 1) {
+  return {.epochs = epochs, .batches = 4,
+          .columns = {{"loss"}, {"test_acc"}, {"seconds", false}},
+          .csv = dir / "curve.csv", .svg = dir / "curve.svg", .first_epoch = first_epoch, .out = out,
+          .redraw = false};
+}
+
+void run_epoch(Progress& p, int epoch, std::vector<double> values) {
+  p.begin_epoch(epoch);
+  for (std::size_t b = 1; b <= 4; ++b) p.update(b, 64 * static_cast<std::int64_t>(b), values[0]);
+  p.end_epoch(values);
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("optim: Progress keeps the learning curve after every epoch, and prints a bar and a line per epoch") {
+  test::ScratchDir dir;
+  Printed printed;
+  Progress p(curve_options(dir, printed.file, 3));
+  run_epoch(p, 1, {0.9, 0.5, 2.5});
+  CHECK(io::read_file(dir / "curve.csv") == "epoch,loss,test_acc,seconds\n1,0.9,0.5,2.5\n");
+  run_epoch(p, 2, {0.4, 0.75, 2});
+  // Written after each epoch, not at the end of the run: a run stopped now keeps both rows.
+  CHECK(io::read_file(dir / "curve.csv") == "epoch,loss,test_acc,seconds\n1,0.9,0.5,2.5\n2,0.4,0.75,2\n");
+  const std::string svg = io::read_file(dir / "curve.svg");
+  CHECK(count(svg, "<polyline") == 2);  // seconds is not plotted
+  CHECK(svg.find(">test_acc</text>") != std::string::npos);
+  CHECK(svg.find(">seconds</text>") == std::string::npos);
+  const std::string text = printed.text();
+  // Not redrawn in place: one bar per epoch, when its batches are done.
+  CHECK(count(text, "] 100%") == 2);
+  CHECK(count(text, "\r") == 0);
+  CHECK(text.find("epoch 1/3 [##############################] 100%") != std::string::npos);
+  CHECK(text.find("epoch 2: loss 0.4, test_acc 0.75, seconds 2\n") != std::string::npos);
+  REQUIRE(p.curve().size() == 2);
+  CHECK(p.curve()[1].values == std::vector<double>{0.4, 0.75, 2});
+}
+
+TEST_CASE("optim: Progress redrawn in place shows each batch with the epoch's time left") {
+  test::ScratchDir dir;
+  Printed printed;
+  ProgressOptions o = curve_options(dir, printed.file, 1);
+  o.redraw = true;
+  o.csv = o.svg = "";
+  Progress p(o);
+  run_epoch(p, 1, {0.5, 0.5, 1});
+  const std::string text = printed.text();
+  CHECK(count(text, "\repoch 1/1 [") == 4);
+  CHECK(count(text, "ETA ") == 3);
+  CHECK(text.find("[#######.......................]  25%") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir / "curve.csv"));
+}
+
+TEST_CASE("optim: a resumed run's Progress keeps the earlier epochs' rows and trains the later ones again") {
+  test::ScratchDir dir;
+  {
+    Progress whole(curve_options(dir, nullptr, 3));
+    run_epoch(whole, 1, {0.9, 0.5, 2});
+    run_epoch(whole, 2, {0.6, 0.6, 2});
+    run_epoch(whole, 3, {0.5, 0.7, 2});
+  }
+  Progress resumed(curve_options(dir, nullptr, 4, 3));
+  REQUIRE(resumed.curve().size() == 2);
+  CHECK(resumed.curve()[1].epoch == 2);
+  CHECK_THROWS_WITH_AS(resumed.begin_epoch(2), doctest::Contains("begin_epoch(2) where epoch 3 of 4 was next"),
+                       ValueError);
+  run_epoch(resumed, 3, {0.4, 0.8, 2});
+  CHECK(io::read_file(dir / "curve.csv") == "epoch,loss,test_acc,seconds\n1,0.9,0.5,2\n2,0.6,0.6,2\n3,0.4,0.8,2\n");
+}
+
+TEST_CASE("optim: Progress's bad options, calls and CSV files are errors that name them and change no file") {
+  test::ScratchDir dir;
+  auto with = [&](auto change) {
+    ProgressOptions o = curve_options(dir, nullptr, 2);
+    change(o);
+    return o;
+  };
+  CHECK_THROWS_WITH_AS(Progress(with([](auto& o) { o.columns.push_back({"test acc"}); })),
+                       doctest::Contains("column name 'test acc'"), ValueError);
+  CHECK_THROWS_WITH_AS(Progress(with([](auto& o) { o.columns.push_back({"loss"}); })),
+                       doctest::Contains("column 'loss' is named twice"), ValueError);
+  CHECK_THROWS_WITH_AS(Progress(with([](auto& o) { o.first_epoch = 3; })),
+                       doctest::Contains("first_epoch 3 is not one of the epochs 1 to 2"), ValueError);
+  CHECK_THROWS_WITH_AS(Progress(with([](auto& o) { o.batches = 0; })), doctest::Contains("2 epochs of 0 batches"),
+                       ValueError);
+
+  Progress p(curve_options(dir, nullptr, 2));
+  CHECK_THROWS_WITH_AS(p.update(1, 64, 0.5), doctest::Contains("update outside an epoch"), ValueError);
+  p.begin_epoch(1);
+  CHECK_THROWS_WITH_AS(p.update(5, 64, 0.5), doctest::Contains("5 batches done of an epoch of 4"), ValueError);
+  CHECK_THROWS_WITH_AS(p.end_epoch({0.5, 0.5}),
+                       doctest::Contains("2 values for the 3 columns epoch,loss,test_acc,seconds"), ValueError);
+  p.end_epoch({0.5, 0.5, 1});
+
+  // Another run's curve is not overwritten by a resumed run of other columns.
+  const std::string other = "epoch,loss,train_acc\n1,0.5,0.9\n";
+  io::write_file_atomically(dir / "curve.csv", other);
+  CHECK_THROWS_WITH_AS(Progress(curve_options(dir, nullptr, 2, 2)),
+                       doctest::Contains("has the columns 'epoch,loss,train_acc', not 'epoch,loss,test_acc,seconds'"),
+                       ValueError);
+  CHECK(io::read_file(dir / "curve.csv") == other);
+  io::write_file_atomically(dir / "curve.csv", "epoch,loss,test_acc,seconds\n1,0.5,0.9,x\n");
+  const std::string bad_line = "line 2 of " + dir / "curve.csv" + " ('1,0.5,0.9,x')";
+  CHECK_THROWS_WITH_AS(Progress(curve_options(dir, nullptr, 2, 2)), doctest::Contains(bad_line.c_str()), ValueError);
 }
