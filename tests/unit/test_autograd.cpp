@@ -122,6 +122,11 @@ TEST_CASE("elementwise gradients match finite differences, with broadcasting and
   GRAD_CASE("minimum", F<decltype(in)>(minimum(in[0], in[1])), {a, b})
   GRAD_CASE("softplus", F<decltype(in)>(softplus(in[0] * 4)), {a})
   GRAD_CASE("clip and relu6", F<decltype(in)>(clip(in[0], -1, 1.5) + relu6(in[0] * 4)), {a})
+  GRAD_CASE("erf", F<decltype(in)>(erf(in[0])), {a})
+  GRAD_CASE("gelu and gelu_tanh", F<decltype(in)>(gelu(in[0]) + gelu_tanh(in[0] * 2)), {a})
+  GRAD_CASE("elu, selu and leaky_relu",
+            F<decltype(in)>(elu(in[0], 0.5) + selu(in[0]) + leaky_relu(in[0], 0.2)), {a})
+  GRAD_CASE("swish and silu", F<decltype(in)>(swish(in[0], 1.5) + silu(in[0])), {a})
   GRAD_CASE("where and comparisons", F<decltype(in)>(where(in[0] > in[1], in[0] * 3, in[1])), {a, b})
   GRAD_CASE("a fused chain", F<decltype(in)>(relu(in[0] * in[1] + 2) * sigmoid(in[0])), {a, b})
 }
@@ -173,6 +178,21 @@ TEST_CASE("product and layer gradients match finite differences") {
   GRAD_CASE("softmax cross-entropy", nn::SoftmaxCrossEntropyLoss{}(in[0], in[1]),
             {input({4, 5}, 1), array<double>({0, 3, 4, 1})}, {true, false})
   GRAD_CASE("L2 loss", nn::L2Loss{}(in[0], in[1]), {input({4, 3}, 1), input({4, 3}, 2)})
+}
+
+TEST_CASE("elu's and gelu's gradients are finite where e^x overflows") {
+  Tensor x = array<float>({100, -100, 0.5f});
+  x.attach_grad();
+  {
+    autograd::record rec;
+    Tensor y = sum(elu(x) + gelu(x));
+    y.backward();
+  }
+  const auto g = x.grad().to_vector<float>();
+  CHECK(g[0] == doctest::Approx(2));
+  CHECK(std::abs(g[1]) < 1e-30);  // e^-100, a float32 denormal
+  // elu's 1 and gelu's Phi(x) + x phi(x) at 0.5.
+  CHECK(g[2] == doctest::Approx(1 + 0.6914624613 + 0.5 * 0.3520653268).epsilon(1e-6));
 }
 
 TEST_CASE("dropout's gradient follows the mask the forward drew") {

@@ -63,7 +63,56 @@ TEST_CASE("every unary op matches its reference in every dtype") {
     check_against(flt(tanh(x)), {x}, [](double a, double) { return std::tanh(a); }, ft);
     check_against(flt(sigmoid(x)), {x}, [](double a, double) { return 1 / (1 + std::exp(-a)); }, ft);
     check_against(flt(softplus(x)), {x}, [](double a, double) { return std::log1p(std::exp(a)); }, ft);
+    check_against(flt(erf(x)), {x}, [](double a, double) { return std::erf(a); }, ft);
   }
+}
+
+TEST_CASE("the activations of current models match their formulas, fused with their operand's expression") {
+  const double sqrt_half = std::sqrt(0.5), tanh_scale = std::sqrt(2 / M_PI);
+  for (DType d : {DType::float32, DType::float64}) {
+    CAPTURE(name(d));
+    const Tensor x = sample({4, 33}, d, -3, 3, 13);
+    const double tol = d == DType::float32 ? 1e-6 : 1e-13;
+    // Each takes 2x - 1, an expression: the composition is one fused loop over x.
+    auto check = [&](const Tensor& got, auto formula) {
+      CHECK(got.dtype() == d);
+      check_against(got, {x}, [&](double a, double) { return formula(2 * a - 1); }, tol);
+    };
+    const auto y = x * 2 - 1;
+    check(gelu(y), [&](double a) { return a * 0.5 * (1 + std::erf(a * sqrt_half)); });
+    check(gelu_tanh(y),
+          [&](double a) { return 0.5 * a * (1 + std::tanh(tanh_scale * (a + 0.044715 * a * a * a))); });
+    check(elu(y, 0.5), [](double a) { return a > 0 ? a : 0.5 * std::expm1(a); });
+    check(selu(y), [](double a) { return 1.0507009873554805 * (a > 0 ? a : 1.6732632423543772 * std::expm1(a)); });
+    check(swish(y, 2), [](double a) { return a / (1 + std::exp(-2 * a)); });
+    check(silu(y), [](double a) { return a / (1 + std::exp(-a)); });
+    check(leaky_relu(y, 0.1), [](double a) { return a > 0 ? a : 0.1 * a; });
+    check(activation(y, "gelu"), [&](double a) { return a * 0.5 * (1 + std::erf(a * sqrt_half)); });
+  }
+  // Large and NaN inputs: elu's unused branch does not overflow, NaN stays NaN.
+  const Tensor edges = array<float>({-1000, 1000, std::numeric_limits<float>::quiet_NaN()});
+  for (const Tensor& got : {Tensor(elu(edges)), Tensor(selu(edges)), Tensor(gelu(edges)), Tensor(silu(edges)),
+                            Tensor(leaky_relu(edges, 0.5))}) {
+    const auto v = got.to_vector<float>();
+    CHECK(std::isfinite(v[0]));
+    CHECK(v[1] == doctest::Approx(got.to_vector<float>()[1]));
+    CHECK(v[1] >= 1000);
+    CHECK(std::isnan(v[2]));
+  }
+  // A composition holds copies of its operands, scalars included: evaluated
+  // after the function that built it has returned and its tensor is gone,
+  // it still computes its own values (it once held its slope by reference
+  // and computed with whatever the stack held later).
+  auto built_elsewhere = [] {
+    const Tensor y = array<float>({-2, 0, 1});
+    const double slope = 0.1, alpha = 0.5;
+    return std::pair{leaky_relu(y * 2 + 1, slope), elu(y, alpha)};
+  };
+  auto [leaky, exponential] = built_elsewhere();
+  std::vector<double> overwrite(64, 7.0);  // reuses the stack the lambda ran on
+  CHECK(overwrite[3] == 7.0);
+  CHECK(Tensor(leaky).to_vector<float>() == std::vector<float>{-0.3f, 1, 3});
+  CHECK(Tensor(exponential).to_vector<float>()[0] == doctest::Approx(0.5 * std::expm1(-2.0)));
 }
 
 TEST_CASE("softplus is exact where exp overflows or 1 + e^x rounds to 1, and MXNet's softrelu is softplus") {

@@ -133,4 +133,79 @@ auto relu6(X&& x) {
   return clip(static_cast<X&&>(x), 0, 6);
 }
 
+// The activations of current models, each a short composition of op-table
+// ops: it fuses into the loop around it, runs on a GPU, differentiates and is
+// written to model files as those ops are. The expression a composition
+// returns outlives its parameters, so it holds every operand by value: `use`
+// copies an operand (an expression with all its leaves: tensor and symbol
+// handles and scalars, cheap to copy), and `owning` checks at compile time
+// that no reference is left in what a composition returns.
+namespace detail {
+struct leaves_by_value {
+  template <class T>
+  auto operator()(yap::expr_tag<yap::expr_kind::terminal>, T&& leaf) const {
+    return yap::make_terminal<expression>(std::remove_cvref_t<T>(leaf));
+  }
+};
+template <class X>
+auto use(const X& x) {
+  if constexpr (yap::is_expr<X>::value) return yap::transform(x, leaves_by_value{});
+  else return std::remove_cvref_t<X>(x);
+}
+template <class T>
+struct holds_values : std::bool_constant<!std::is_reference_v<T>> {};
+template <yap::expr_kind Kind, class... Elements>
+struct holds_values<expression<Kind, boost::hana::tuple<Elements...>>>
+    : std::bool_constant<Kind != yap::expr_kind::expr_ref && (holds_values<Elements>::value && ...)> {};
+template <class E>
+E owning(E&& e) {
+  static_assert(holds_values<E>::value,
+                "hybra: this composition's expression refers to one of its parameters, which ends when it returns; "
+                "take each operand through detail::use");
+  return static_cast<E&&>(e);
+}
+}  // namespace detail
+
+// x where x > 0, else slope x (Gluon's LeakyReLU). NaN stays NaN.
+template <array_like X>
+auto leaky_relu(const X& x, double slope) {
+  using detail::use;
+  return detail::owning(where(use(x) > 0, use(x), use(x) * use(slope)));
+}
+// x where x > 0, else alpha (e^x - 1). The exponent is min(x, 0): the branch
+// not taken never overflows, so its zero gradient never meets infinity.
+template <array_like X>
+auto elu(const X& x, double alpha = 1) {
+  using detail::use;
+  return detail::owning(where(use(x) > 0, use(x), use(alpha) * (exp(minimum(use(x), 0)) - 1)));
+}
+// The self-normalising ELU, with its two constants.
+template <array_like X>
+auto selu(const X& x) {
+  return detail::owning(1.0507009873554805 * elu(x, 1.6732632423543772));
+}
+// x sigmoid(beta x); with beta = 1 it is SiLU.
+template <array_like X>
+auto swish(const X& x, double beta = 1) {
+  using detail::use;
+  return detail::owning(use(x) * sigmoid(use(x) * use(beta)));
+}
+template <array_like X>
+auto silu(const X& x) {
+  return detail::owning(swish(x, 1));
+}
+// x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, as BERT's and PyTorch's default;
+// gelu_tanh is the tanh approximation (GPT-2's, PyTorch's approximate="tanh").
+template <array_like X>
+auto gelu(const X& x) {
+  using detail::use;
+  return detail::owning(0.5 * use(x) * (1 + erf(use(x) * 0.7071067811865476)));
+}
+template <array_like X>
+auto gelu_tanh(const X& x) {
+  using detail::use;
+  return detail::owning(
+      0.5 * use(x) * (1 + tanh(0.7978845608028654 * (use(x) + 0.044715 * use(x) * use(x) * use(x)))));
+}
+
 }  // namespace hybra

@@ -44,6 +44,7 @@ namespace hybra::op {
 
 #ifdef __CUDACC_RTC__
 namespace math {
+using ::erf;
 using ::exp;
 using ::log;
 using ::log1p;
@@ -117,10 +118,10 @@ struct entry {
 #define HYBRA_ELEMENTWISE_OPS(X)                                                                              \
   X(add) X(subtract) X(multiply) X(divide) X(negative) X(less) X(less_equal) X(greater) X(greater_equal)       \
   X(equal) X(not_equal) X(exp) X(log) X(sqrt) X(abs) X(tanh) X(sigmoid) X(relu) X(pow) X(maximum) X(minimum) \
-  X(where) X(softplus)
+  X(where) X(softplus) X(erf)
 // The ops called by name (exp(x)); the others are C++ operators (expr/expression.hpp).
 #define HYBRA_ELEMENTWISE_FUNCTIONS(X) \
-  X(exp) X(log) X(sqrt) X(abs) X(tanh) X(sigmoid) X(relu) X(pow) X(maximum) X(minimum) X(where) X(softplus)
+  X(exp) X(log) X(sqrt) X(abs) X(tanh) X(sigmoid) X(relu) X(pow) X(maximum) X(minimum) X(where) X(softplus) X(erf)
 
 // An op's name is its identifier, spelled once.
 #define HYBRA_OP_NAME(id) inline constexpr text id##_name = #id;
@@ -291,6 +292,15 @@ struct softplus : entry<softplus_name, none_name, 1, promote_float> {
   }
   template <class G> static auto gradient(const G& g) { return g.grads(g.dy * g.sigmoid(g.in[0])); }
   static constexpr text mxnet_activation = "softrelu";
+};
+// The Gauss error function, for GELU (expr/expression.hpp); its derivative
+// is 2/sqrt(pi) e^(-x^2).
+struct erf : entry<erf_name, none_name, 1, promote_float> {
+  static constexpr bool costly = true;
+  template <class T> HYBRA_HD static T apply(T a) { return math::erf(a); }
+  template <class G> static auto gradient(const G& g) {
+    return g.grads(g.dy * 1.1283791670955126 * g.exp(-(g.in[0] * g.in[0])));
+  }
 };
 
 #ifndef __CUDACC_RTC__

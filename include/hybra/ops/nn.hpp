@@ -107,8 +107,10 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
 }
 
 // MXNet's Activation: act_type relu, sigmoid, tanh or softrelu (softplus),
-// and relu6 (MobileNet v2's, which MXNet writes as clip). Works on tensors
-// and symbols alike (it builds the op-table expression).
+// and relu6 (MobileNet v2's, which MXNet writes as clip); and, by the names of
+// MXNet's LeakyReLU op and PyTorch, the parameter-free activations of current
+// models: gelu, gelu_tanh, silu, elu (alpha 1) and selu. Works on tensors and
+// symbols alike (it builds the op-table expression).
 template <array_like X>
 auto activation(X&& x, std::string_view act_type) {
   using R = std::conditional_t<tensor_like<X>, Tensor, Symbol>;
@@ -117,7 +119,13 @@ auto activation(X&& x, std::string_view act_type) {
   if (act_type == "tanh") return R(tanh(x));
   if (act_type == "softrelu") return R(softplus(x));
   if (act_type == "relu6") return R(relu6(x));
-  fail<ValueError>("activation: unknown act_type '", act_type, "' (relu, sigmoid, tanh, softrelu or relu6)");
+  if (act_type == "gelu") return R(gelu(x));
+  if (act_type == "gelu_tanh") return R(gelu_tanh(x));
+  if (act_type == "silu") return R(silu(x));
+  if (act_type == "elu") return R(elu(x));
+  if (act_type == "selu") return R(selu(x));
+  fail<ValueError>("activation: unknown act_type '", act_type,
+                   "' (relu, sigmoid, tanh, softrelu, relu6, gelu, gelu_tanh, silu, elu or selu)");
 }
 
 // Zeroes each element with probability `rate` and scales the rest by

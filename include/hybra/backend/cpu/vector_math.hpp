@@ -17,6 +17,9 @@ HYBRA_DECLARE_SIMD_1(log)
 HYBRA_DECLARE_SIMD_1(log1p)
 HYBRA_DECLARE_SIMD_1(tanh)
 HYBRA_DECLARE_SIMD_2(pow)
+#if defined(__GLIBC_PREREQ) && __GLIBC_PREREQ(2, 35)  // libmvec's erf came with glibc 2.35
+HYBRA_DECLARE_SIMD_1(erf)
+#endif
 #undef HYBRA_DECLARE_SIMD_1
 #undef HYBRA_DECLARE_SIMD_2
 #endif
