@@ -32,6 +32,7 @@
 #include "nn/parameter.hpp"
 #include "nn/loss.hpp"
 #include "nn/metric.hpp"
+#include "nn/summary.hpp"
 #include "nn/symbol_block.hpp"
 #include "nn/model_zoo/resnet.hpp"
 #include "data.hpp"

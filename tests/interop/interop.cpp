@@ -164,6 +164,11 @@ int export_models(const fs::path& dir) {
   dense.add(nn::Conv2D(8, 3, 1, 1, 1, 1, "", false), DenseLayer(4), DenseLayer(4), nn::BatchNorm(),
             nn::Activation("relu"), nn::AvgPool2D(2), nn::GlobalAvgPool2D(), nn::Flatten(), nn::Dense(10));
   save(dense, {2, 3, 16, 16}, dir, "densenet_layers");
+  // The activations of current models, as compositions of MXNet's own ops (erf, where, exp, sigmoid, ...).
+  nn::HybridSequential activations;
+  activations.add(nn::Dense(8, "gelu"), nn::GELU("tanh"), nn::LeakyReLU(0.1), nn::ELU(0.5), nn::SELU(), nn::Swish(2),
+                  nn::PReLU(), nn::Dense(4, "silu"));
+  save(activations, {3, 6}, dir, "activations");
   return 0;
 }
 

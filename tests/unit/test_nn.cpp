@@ -6,6 +6,7 @@
 #include <cmath>
 #include <hybra/hybra.hpp>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -238,6 +239,92 @@ TEST_CASE("Activation, Flatten and Dropout layers, eager and hybridized") {
   CHECK(draw_sequence() == eager_draws);
   CHECK_THROWS_AS(nn::Dropout(1.5), ValueError);
   CHECK_THROWS_AS(nn::Activation("swish"), ValueError);
+}
+
+TEST_CASE("nn: the activation layers of current models, eager and hybridized, and PReLU's learned slopes") {
+  nn::HybridSequential net;
+  net.add(nn::Dense(6, "gelu"), nn::GELU("tanh"), nn::LeakyReLU(0.1), nn::ELU(0.5), nn::SELU(), nn::Swish(2),
+          nn::SiLU(), nn::Activation("silu"), nn::PReLU(), nn::Dense(3, "selu"));
+  net.initialize();
+  const Tensor x = random_normal({4, 5});
+  const Tensor eager = net(x);
+  CHECK(eager.shape() == Shape{4, 3});
+  net.hybridize();
+  CHECK(max_rel_diff(net(x), eager) <= 1e-6);
+
+  nn::PReLU prelu(3);
+  prelu.initialize();
+  Tensor v = reshape(array<float>({-4, 2, -1, 3, 5, -2}), {1, 3, 2});
+  Tensor y;
+  {
+    autograd::record rec;
+    y = prelu(v);
+    sum(y).backward();
+  }
+  CHECK(y.to_vector<float>() == std::vector<float>{-1, 2, -0.25f, 3, 5, -0.5f});
+  // d/d alpha_c: the sum of channel c's negative inputs.
+  CHECK(prelu.alpha().grad().to_vector<float>() == std::vector<float>{-4, -1, -2});
+  prelu.hybridize();
+  CHECK(prelu(v).to_vector<float>() == y.to_vector<float>());
+  CHECK_THROWS_WITH_AS(prelu(ones({2, 4})), doctest::Contains("input (2, 4) has no axis 1 of its 3 channels"),
+                       ShapeError);
+
+  CHECK_THROWS_WITH_AS(nn::GELU("fast"), doctest::Contains("approximation is 'erf' or 'tanh', not 'fast'"),
+                       ValueError);
+  CHECK_THROWS_AS(nn::LeakyReLU(std::nan("")), ValueError);
+  CHECK_THROWS_AS(nn::PReLU(0), ValueError);
+  CHECK_THROWS_WITH_AS(nn::Activation("mish"), doctest::Contains("unknown act_type 'mish'"), ValueError);
+}
+
+TEST_CASE("nn: a network prints as its tree of blocks, and summary tabulates output shapes and parameters") {
+  nn::HybridSequential net;
+  net.add(nn::Conv2D(6, 5, 1, 2, 1, 1, "relu"), nn::MaxPool2D(2), nn::BatchNorm(), nn::Flatten(),
+          nn::Dense(10, "", 0, false));
+  net.initialize();
+  std::ostringstream printed;
+  printed << net;
+  CHECK(printed.str() ==
+        "HybridSequential(\n"
+        "  (conv0): Conv2D(? -> 6, kernel (5, 5), padding (2, 2), relu)\n"
+        "  (pool0): MaxPool2D(size (2, 2), stride (2, 2))\n"
+        "  (batchnorm0): BatchNorm(? channels, eps 1e-05, momentum 0.9)\n"
+        "  (flatten0): Flatten()\n"
+        "  (dense0): Dense(? -> 10, no bias)\n"
+        ")");
+  net.hybridize();
+  const Tensor x = zeros({2, 1, 8, 8});
+  const auto rows = nn::summary_rows(net, x);
+  REQUIRE(rows.size() == 6);
+  CHECK(rows[0].depth == 0);
+  CHECK(rows[0].type == "HybridSequential");
+  CHECK(rows[0].output == Shape{2, 10});
+  CHECK(rows[1].depth == 1);
+  CHECK(rows[1].name == "conv0");
+  CHECK(rows[1].output == Shape{2, 6, 8, 8});
+  CHECK(rows[1].params == 6 * 25 + 6);
+  CHECK(rows[3].params == 4 * 6);         // gamma, beta and the two running statistics
+  CHECK(rows[5].params == 6 * 4 * 4 * 10);  // no bias
+  std::ostringstream table;
+  nn::summary(net, x, table);
+  CHECK(table.str().find("  dense0 (Dense)") != std::string::npos);
+  CHECK(table.str().find("parameters: 1140 (trained 1128, not trained 12)") != std::string::npos);
+  // Summarised eagerly, the net stays hybridized; the shapes it completed now print.
+  CHECK(net.hybridized());
+  CHECK(net.captured() == 0);
+  printed.str("");
+  printed << net;
+  CHECK(printed.str().find("Conv2D(1 -> 6,") != std::string::npos);
+  CHECK(printed.str().find("BatchNorm(6 channels,") != std::string::npos);
+  CHECK(printed.str().find("Dense(96 -> 10, no bias)") != std::string::npos);
+  // A summary that fails leaves the next call as it was: captured.
+  CHECK_THROWS_AS(nn::summary_rows(net, zeros({2, 3})), ShapeError);
+  CHECK(net(x).shape() == Shape{2, 10});
+  CHECK(net.captured() == 1);
+
+  HybridNet user;
+  printed.str("");
+  printed << user;
+  CHECK(printed.str() == "HybridNet(\n  (dense0): Dense(? -> 4)\n  (dense1): Dense(? -> 2)\n)");
 }
 
 TEST_CASE("bad input to a hybridized block: a clear error, from the call") {

@@ -14,6 +14,7 @@
 //     std::shared_ptr<nn::Dense> dense;
 //   };
 #include <boost/container/small_vector.hpp>
+#include <boost/core/demangle.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
@@ -59,6 +61,21 @@ struct StateUpdate {
 };
 // The updates of the forward being captured (HybridBase::capture).
 inline thread_local std::vector<StateUpdate>* captured_updates = nullptr;
+}  // namespace detail
+
+class Block;
+namespace detail {
+// A size a block takes from its first input, as printed: "?" until then.
+inline std::string size_or_unknown(std::int64_t n) { return n > 0 ? std::to_string(n) : "?"; }
+
+// Sees every eager block call on this thread: how summary() (summary.hpp)
+// learns each block's output shape without a hook in any layer.
+struct CallObserver {
+  virtual ~CallObserver() = default;
+  virtual void enter(const Block& block) = 0;
+  virtual void leave(const Block& block, const Tensor& output) = 0;
+};
+inline thread_local CallObserver* call_observer = nullptr;
 }  // namespace detail
 
 // What a layer calls in training mode to move a state parameter towards a
@@ -102,13 +119,32 @@ class Block {
 
   Tensor operator()(const Tensor& x) {
     detail::forward_device_scope on(checked(x).device());
-    return call(x);
+    if (!detail::call_observer) return call(x);
+    detail::call_observer->enter(*this);
+    Tensor y = call(x);
+    detail::call_observer->leave(*this, y);
+    return y;
   }
   Symbol operator()(const Symbol& x) { return forward(x); }
 
   // `hybridsequential0_dense1_`; name() is the prefix without its underscore.
   const std::string& prefix() const { return prefix_; }
   std::string name() const { return prefix_.empty() ? class_name_ : prefix_.substr(0, prefix_.size() - 1); }
+
+  // The C++ class without its namespaces ("Dense", "HybridNet"): how a
+  // printed network names each block.
+  std::string type_name() const {
+    std::string t = boost::core::demangle(typeid(*this).name());
+    t = t.substr(0, t.find('<'));
+    const std::size_t colons = t.rfind("::");
+    return colons == std::string::npos ? t : t.substr(colons + 2);
+  }
+  // What a printed network shows of this block after its type, such as a
+  // layer's sizes and activation: nothing unless the block says.
+  virtual std::string settings() const { return ""; }
+
+  // This block's own parameters (not its children's), by local name.
+  const std::vector<std::pair<std::string, Parameter>>& own_params() const { return params_; }
 
   // Every parameter of this block and its children, by full name.
   ParameterDict collect_params() const {
@@ -300,8 +336,10 @@ class HybridBase : public Block {
   }
 
  protected:
+  // Observed (summary()), a hybridized block runs eagerly, so that each of
+  // its children is seen.
   Tensor call(const Tensor& x) override {
-    if (!active_) return forward(x);
+    if (!active_ || detail::call_observer) return forward(x);
     return call_captured(std::span(&x, 1)).front();
   }
 

@@ -63,6 +63,15 @@ class Conv2D : public HybridBlock<Conv2D> {
 
   Parameter weight() const { return weight_; }
   std::optional<Parameter> bias() const { return bias_; }
+  std::string settings() const override {
+    const std::int64_t in = weight_.shape()[1] * groups_;
+    return hybra::detail::concat(detail::size_or_unknown(in), " -> ", channels_, ", kernel ", kernel_,
+                                 strides_ == Size2d(1) ? "" : ", stride " + hybra::detail::concat(strides_),
+                                 padding_ == Size2d(0) ? "" : ", padding " + hybra::detail::concat(padding_),
+                                 dilation_ == Size2d(1) ? "" : ", dilation " + hybra::detail::concat(dilation_),
+                                 groups_ == 1 ? "" : ", groups " + std::to_string(groups_),
+                                 activation_.empty() ? "" : ", " + activation_, bias_ ? "" : ", no bias");
+  }
 
  private:
   std::int64_t channels_;
@@ -77,6 +86,12 @@ namespace detail {
 // Gluon's strides=None: a stride of 0 (the default) is the pool size.
 inline Size2d pool_strides(Size2d strides, Size2d pool_size) {
   return {strides.h == 0 ? pool_size.h : strides.h, strides.w == 0 ? pool_size.w : strides.w};
+}
+// A pooling layer's settings, as printed.
+inline std::string pool_settings(Size2d pool_size, Size2d strides, Size2d padding, PoolingConvention convention) {
+  return hybra::detail::concat("size ", pool_size, ", stride ", strides,
+                               padding == Size2d(0) ? "" : ", padding " + hybra::detail::concat(padding),
+                               convention == PoolingConvention::full ? ", ceil mode" : "");
 }
 }  // namespace detail
 
@@ -96,6 +111,9 @@ class MaxPool2D : public HybridBlock<MaxPool2D> {
   template <class F>
   F hybrid_forward(const F& x) {
     return max_pool2d(x, pool_size_, strides_, padding_, convention_);
+  }
+  std::string settings() const override {
+    return detail::pool_settings(pool_size_, strides_, padding_, convention_);
   }
 
  private:
@@ -121,6 +139,10 @@ class AvgPool2D : public HybridBlock<AvgPool2D> {
   template <class F>
   F hybrid_forward(const F& x) {
     return avg_pool2d(x, pool_size_, strides_, padding_, count_include_pad_, convention_);
+  }
+  std::string settings() const override {
+    return detail::pool_settings(pool_size_, strides_, padding_, convention_) +
+           (count_include_pad_ ? "" : ", padding not counted");
   }
 
  private:
@@ -179,6 +201,12 @@ class BatchNorm : public HybridBlock<BatchNorm> {
     if (!center) beta_.set_grad_req("null");
     running_mean_.set_grad_req("null");
     running_var_.set_grad_req("null");
+  }
+
+  std::string settings() const override {
+    return hybra::detail::concat(detail::size_or_unknown(gamma_.shape()[0]), " channels",
+                                 axis_ == 1 ? "" : ", axis " + std::to_string(axis_), ", eps ", epsilon_,
+                                 ", momentum ", momentum_);
   }
 
   template <class F>

@@ -1,5 +1,6 @@
 #pragma once
 // Containers and basic layers, as Gluon's nn.
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -86,6 +87,7 @@ class HybridConcurrent : public HybridContainer<HybridConcurrent> {
     for (const auto& c : children()) outs.push_back((*c)(x));
     return concat(outs, axis_);
   }
+  std::string settings() const override { return hybra::detail::concat("axis ", axis_); }
 
  private:
   std::int64_t axis_;
@@ -119,6 +121,10 @@ class Dense : public HybridBlock<Dense> {
 
   Parameter weight() const { return weight_; }
   std::optional<Parameter> bias() const { return bias_; }
+  std::string settings() const override {
+    return hybra::detail::concat(detail::size_or_unknown(weight_.shape()[1]), " -> ", units_,
+                                 activation_.empty() ? "" : ", " + activation_, bias_ ? "" : ", no bias");
+  }
 
  private:
   std::int64_t units_;
@@ -136,9 +142,128 @@ class Activation : public HybridBlock<Activation> {
   F hybrid_forward(const F& x) {
     return activation(x, act_type_);
   }
+  std::string settings() const override { return act_type_; }
 
  private:
   std::string act_type_;
+};
+
+// Gluon's activation layers with a setting, each the composition of the same
+// name (expr/expression.hpp): hybridized, it fuses with the ops around it.
+class LeakyReLU : public HybridBlock<LeakyReLU> {
+ public:
+  explicit LeakyReLU(double alpha) : HybridBlock("leakyrelu"), alpha_(alpha) {
+    if (!std::isfinite(alpha)) fail<ValueError>("LeakyReLU: alpha must be a finite number, not ", alpha);
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return F(leaky_relu(x, alpha_));
+  }
+  std::string settings() const override { return hybra::detail::concat("alpha ", alpha_); }
+
+ private:
+  double alpha_;
+};
+
+class ELU : public HybridBlock<ELU> {
+ public:
+  explicit ELU(double alpha = 1) : HybridBlock("elu"), alpha_(alpha) {
+    if (!std::isfinite(alpha)) fail<ValueError>("ELU: alpha must be a finite number, not ", alpha);
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return F(elu(x, alpha_));
+  }
+  std::string settings() const override { return hybra::detail::concat("alpha ", alpha_); }
+
+ private:
+  double alpha_;
+};
+
+class SELU : public HybridBlock<SELU> {
+ public:
+  SELU() : HybridBlock("selu") {}
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return F(selu(x));
+  }
+};
+
+// approximation "erf" (exact, the default) or "tanh", as Gluon's GELU.
+class GELU : public HybridBlock<GELU> {
+ public:
+  explicit GELU(std::string approximation = "erf") : HybridBlock("gelu"), tanh_(approximation == "tanh") {
+    if (approximation != "erf" && approximation != "tanh")
+      fail<ValueError>("GELU: approximation is 'erf' or 'tanh', not '", approximation, "'");
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return tanh_ ? F(gelu_tanh(x)) : F(gelu(x));
+  }
+  std::string settings() const override { return tanh_ ? "tanh" : "erf"; }
+
+ private:
+  bool tanh_;
+};
+
+// x sigmoid(beta x); SiLU is Swish(1).
+class Swish : public HybridBlock<Swish> {
+ public:
+  explicit Swish(double beta = 1) : HybridBlock("swish"), beta_(beta) {
+    if (!std::isfinite(beta)) fail<ValueError>("Swish: beta must be a finite number, not ", beta);
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return F(swish(x, beta_));
+  }
+  std::string settings() const override { return hybra::detail::concat("beta ", beta_); }
+
+ private:
+  double beta_;
+};
+
+class SiLU : public HybridBlock<SiLU> {
+ public:
+  SiLU() : HybridBlock("silu") {}
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return F(silu(x));
+  }
+};
+
+// LeakyReLU whose slope is learned: one (in_channels = 1, the default) or
+// one per channel of axis 1, starting at 0.25 unless alpha_initializer says.
+class PReLU : public HybridBlock<PReLU> {
+ public:
+  explicit PReLU(std::int64_t in_channels = 1, std::optional<Initializer> alpha_initializer = std::nullopt)
+      : HybridBlock("prelu"),
+        in_channels_(in_channels),
+        alpha_(register_parameter("alpha", {in_channels}, DType::float32,
+                                  alpha_initializer ? std::move(alpha_initializer) : init::Constant(0.25))) {
+    if (in_channels < 1) fail<ValueError>("PReLU: in_channels must be positive, not ", in_channels);
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    F alpha = alpha_.as<F>();
+    if (in_channels_ > 1) {
+      if (x.ndim() < 2 || x.shape()[1] != in_channels_)
+        fail<ShapeError>("block '", name(), "': input ", to_string(x.shape()), " has no axis 1 of its ", in_channels_,
+                         " channels");
+      Shape per_channel(static_cast<std::size_t>(x.ndim()), 1);
+      per_channel[1] = in_channels_;
+      alpha = reshape(alpha, per_channel);
+    }
+    return F(where(x > 0, x, x * alpha));
+  }
+
+  Parameter alpha() const { return alpha_; }
+  std::string settings() const override {
+    return in_channels_ == 1 ? "one slope" : hybra::detail::concat(in_channels_, " slopes");
+  }
+
+ private:
+  std::int64_t in_channels_;
+  Parameter alpha_;
 };
 
 class Flatten : public HybridBlock<Flatten> {
@@ -160,6 +285,7 @@ class Dropout : public HybridBlock<Dropout> {
   F hybrid_forward(const F& x) {
     return dropout(x, rate_);
   }
+  std::string settings() const override { return hybra::detail::concat("rate ", rate_); }
 
  private:
   double rate_;
