@@ -85,6 +85,15 @@ inline std::vector<hybra::Device> device_list(const std::string& program, const 
   return devices;
 }
 
+// Devices as device_list reads them.
+inline std::string device_text(const std::vector<hybra::Device>& devices) {
+  std::string text;
+  for (const auto& d : devices)
+    text += (text.empty() ? "" : ",") + std::string(d.kind == hybra::DeviceKind::cuda ? "cuda" : "cpu") +
+            std::to_string(d.id);
+  return text;
+}
+
 inline std::string shortest(double v) {
   std::ostringstream text;
   text << v;
@@ -97,7 +106,8 @@ inline Options parse(const Program& p, int argc, char** argv, po::variables_map&
   const Options& d = p.defaults;
   po::options_description training("training");
   training.add_options()
-      ("devices", po::value<std::string>()->default_value("cpu0"), "where to train: cpu0,cpu1 | cuda0,cuda1 | a mix")
+      ("devices", po::value<std::string>()->default_value(device_text(d.devices)),
+       "where to train: cpu0,cpu1 | cuda0,cuda1 | a mix")
       ("epochs", po::value<int>()->default_value(d.epochs), "epochs to train")
       ("batch-size", po::value<std::int64_t>()->default_value(d.batch_size), "images in a step, over all devices")
       ("lr", po::value<double>()->default_value(d.lr, shortest(d.lr)), "SGD's learning rate (momentum 0.9)")
