@@ -4,7 +4,6 @@
 // unknown option, a missing or malformed value) is a message naming it and
 // exit status 2, never a run with a silently ignored argument.
 #include <boost/program_options.hpp>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>

@@ -95,7 +95,6 @@ TEST_CASE("the activations of current models match their formulas, fused with th
                             Tensor(leaky_relu(edges, 0.5))}) {
     const auto v = got.to_vector<float>();
     CHECK(std::isfinite(v[0]));
-    CHECK(v[1] == doctest::Approx(got.to_vector<float>()[1]));
     CHECK(v[1] >= 1000);
     CHECK(std::isnan(v[2]));
   }
@@ -109,8 +108,10 @@ TEST_CASE("the activations of current models match their formulas, fused with th
     return std::pair{leaky_relu(y * 2 + 1, slope), elu(y, alpha)};
   };
   auto [leaky, exponential] = built_elsewhere();
-  std::vector<double> overwrite(64, 7.0);  // reuses the stack the lambda ran on
-  CHECK(overwrite[3] == 7.0);
+  [] {  // writes over the stack the lambda ran on
+    volatile double stack[64];
+    for (auto& d : stack) d = 7.0;
+  }();
   CHECK(Tensor(leaky).to_vector<float>() == std::vector<float>{-0.3f, 1, 3});
   CHECK(Tensor(exponential).to_vector<float>()[0] == doctest::Approx(0.5 * std::expm1(-2.0)));
 }
