@@ -274,6 +274,14 @@ TEST_CASE("nn: the activation layers of current models, eager and hybridized, an
   CHECK_THROWS_AS(nn::LeakyReLU(std::nan("")), ValueError);
   CHECK_THROWS_AS(nn::PReLU(0), ValueError);
   CHECK_THROWS_WITH_AS(nn::Activation("mish"), doctest::Contains("unknown act_type 'mish'"), ValueError);
+  // Every name a layer accepts when made has an expression, eager and captured.
+  for (std::string_view act : activation_names) {
+    CAPTURE(act);
+    nn::Activation layer{std::string(act)};
+    const Tensor eager = layer(v);
+    layer.hybridize();
+    CHECK(max_rel_diff(layer(v), eager) <= 1e-6);
+  }
 }
 
 TEST_CASE("nn: a network prints as its tree of blocks, and summary tabulates output shapes and parameters") {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "../autograd/backward.hpp"
+#include "../core/separate_compilation.hpp"
 #include "../graph/passes.hpp"
 #include "../io/mxnet_graph.hpp"
 #include "../io/ndarray_list.hpp"
@@ -551,15 +552,27 @@ class HybridBase : public Block {
 
 // The base of a user's hybrid block: Derived defines
 // `template <class F> F hybrid_forward(const F& x)`, used for both modes.
+// The forwards are defined outside the class, so not inline: for hybra's own
+// layers (HYBRA_SEPARABLE_CLASS(HybridBlock<Layer>) after each) a separately
+// compiled program instantiates them once.
 template <class Derived>
 class HybridBlock : public HybridBase {
  public:
   using HybridBase::HybridBase;
-  Tensor forward(const Tensor& x) override { return self().hybrid_forward(x); }
-  Symbol forward(const Symbol& x) override { return self().hybrid_forward(x); }
+  Tensor forward(const Tensor& x) override;
+  Symbol forward(const Symbol& x) override;
 
  private:
   Derived& self() { return static_cast<Derived&>(*this); }
 };
+
+template <class Derived>
+Tensor HybridBlock<Derived>::forward(const Tensor& x) {
+  return self().hybrid_forward(x);
+}
+template <class Derived>
+Symbol HybridBlock<Derived>::forward(const Symbol& x) {
+  return self().hybrid_forward(x);
+}
 
 }  // namespace hybra::nn

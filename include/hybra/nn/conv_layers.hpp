@@ -44,7 +44,7 @@ class Conv2D : public HybridBlock<Conv2D> {
     if (in_channels < 0 || in_channels % groups != 0)
       fail<ValueError>("Conv2D: in_channels ", in_channels, " must be a multiple of groups (", groups,
                        "), or 0: inferred");
-    if (!activation_.empty()) hybra::activation(zeros({1}, DType::float32, meta()), activation_);
+    if (!activation_.empty()) hybra::check_activation(activation_);
   }
 
   template <class F>
@@ -81,6 +81,7 @@ class Conv2D : public HybridBlock<Conv2D> {
   Parameter weight_;
   std::optional<Parameter> bias_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<Conv2D>);
 
 namespace detail {
 // Gluon's strides=None: a stride of 0 (the default) is the pool size.
@@ -120,6 +121,7 @@ class MaxPool2D : public HybridBlock<MaxPool2D> {
   Size2d pool_size_, strides_, padding_;
   PoolingConvention convention_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<MaxPool2D>);
 
 // Average over pool_size windows moved by strides (0, the default:
 // pool_size), dividing by the whole window or, without count_include_pad,
@@ -150,6 +152,7 @@ class AvgPool2D : public HybridBlock<AvgPool2D> {
   bool count_include_pad_;
   PoolingConvention convention_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<AvgPool2D>);
 
 // (N, C, H, W) -> (N, C, 1, 1): the average of each plane.
 class GlobalAvgPool2D : public HybridBlock<GlobalAvgPool2D> {
@@ -160,6 +163,7 @@ class GlobalAvgPool2D : public HybridBlock<GlobalAvgPool2D> {
     return global_avg_pool2d(x);
   }
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<GlobalAvgPool2D>);
 
 // (N, C, H, W) -> (N, C, 1, 1): the maximum of each plane.
 class GlobalMaxPool2D : public HybridBlock<GlobalMaxPool2D> {
@@ -170,6 +174,7 @@ class GlobalMaxPool2D : public HybridBlock<GlobalMaxPool2D> {
     return global_max_pool2d(x);
   }
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<GlobalMaxPool2D>);
 
 // Batch normalisation along `axis`. Predicting: y = (x - running_mean) /
 // sqrt(running_var + epsilon) * gamma + beta. Training (autograd::record or
@@ -240,5 +245,6 @@ class BatchNorm : public HybridBlock<BatchNorm> {
   double momentum_, epsilon_;
   Parameter gamma_, beta_, running_mean_, running_var_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<BatchNorm>);
 
 }  // namespace hybra::nn

@@ -75,6 +75,7 @@ class HybridSequential : public HybridContainer<HybridSequential> {
     return y;
   }
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<HybridSequential>);
 
 // Every child sees the same input; their outputs are concatenated along `axis`.
 class HybridConcurrent : public HybridContainer<HybridConcurrent> {
@@ -92,6 +93,7 @@ class HybridConcurrent : public HybridContainer<HybridConcurrent> {
  private:
   std::int64_t axis_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<HybridConcurrent>);
 
 // A fully connected layer: y = activation(x weight^T + bias), with x
 // flattened to (batch, in_units). in_units = 0 (the default) takes it from
@@ -107,7 +109,7 @@ class Dense : public HybridBlock<Dense> {
     if (use_bias) bias_ = register_parameter("bias", {units}, dtype, init::Zero());
     if (units <= 0) fail<ValueError>("Dense: units must be positive, not ", units);
     if (in_units < 0) fail<ValueError>("Dense: in_units must be positive (or 0: inferred), not ", in_units);
-    if (!activation_.empty()) hybra::activation(zeros({1}, DType::float32, meta()), activation_);
+    if (!activation_.empty()) hybra::check_activation(activation_);
   }
 
   template <class F>
@@ -132,11 +134,12 @@ class Dense : public HybridBlock<Dense> {
   Parameter weight_;
   std::optional<Parameter> bias_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<Dense>);
 
 class Activation : public HybridBlock<Activation> {
  public:
   explicit Activation(std::string act_type) : HybridBlock(act_type), act_type_(std::move(act_type)) {
-    hybra::activation(zeros({1}, DType::float32, meta()), act_type_);
+    hybra::check_activation(act_type_);
   }
   template <class F>
   F hybrid_forward(const F& x) {
@@ -147,6 +150,7 @@ class Activation : public HybridBlock<Activation> {
  private:
   std::string act_type_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<Activation>);
 
 // Gluon's activation layers with a setting, each the composition of the same
 // name (expr/expression.hpp): hybridized, it fuses with the ops around it.
@@ -164,6 +168,7 @@ class LeakyReLU : public HybridBlock<LeakyReLU> {
  private:
   double alpha_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<LeakyReLU>);
 
 class ELU : public HybridBlock<ELU> {
  public:
@@ -179,6 +184,7 @@ class ELU : public HybridBlock<ELU> {
  private:
   double alpha_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<ELU>);
 
 class SELU : public HybridBlock<SELU> {
  public:
@@ -188,6 +194,7 @@ class SELU : public HybridBlock<SELU> {
     return F(selu(x));
   }
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<SELU>);
 
 // approximation "erf" (exact, the default) or "tanh", as Gluon's GELU.
 class GELU : public HybridBlock<GELU> {
@@ -205,6 +212,7 @@ class GELU : public HybridBlock<GELU> {
  private:
   bool tanh_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<GELU>);
 
 // x sigmoid(beta x); SiLU is Swish(1).
 class Swish : public HybridBlock<Swish> {
@@ -221,6 +229,7 @@ class Swish : public HybridBlock<Swish> {
  private:
   double beta_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<Swish>);
 
 class SiLU : public HybridBlock<SiLU> {
  public:
@@ -230,6 +239,7 @@ class SiLU : public HybridBlock<SiLU> {
     return F(silu(x));
   }
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<SiLU>);
 
 // LeakyReLU whose slope is learned: one (in_channels = 1, the default) or
 // one per channel of axis 1, starting at 0.25 unless alpha_initializer says.
@@ -265,6 +275,7 @@ class PReLU : public HybridBlock<PReLU> {
   std::int64_t in_channels_;
   Parameter alpha_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<PReLU>);
 
 class Flatten : public HybridBlock<Flatten> {
  public:
@@ -274,6 +285,7 @@ class Flatten : public HybridBlock<Flatten> {
     return flatten(x);
   }
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<Flatten>);
 
 // Drops elements with probability `rate` in training mode (autograd::train_mode).
 class Dropout : public HybridBlock<Dropout> {
@@ -290,5 +302,6 @@ class Dropout : public HybridBlock<Dropout> {
  private:
   double rate_;
 };
+HYBRA_SEPARABLE_CLASS(HybridBlock<Dropout>);
 
 }  // namespace hybra::nn

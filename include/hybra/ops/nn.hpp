@@ -106,6 +106,19 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
   return rec.output(out);
 }
 
+// The act_types activation() takes.
+inline constexpr std::array<std::string_view, 10> activation_names{
+    "relu", "sigmoid", "tanh", "softrelu", "relu6", "gelu", "gelu_tanh", "silu", "elu", "selu"};
+
+// The error activation() gives for a name it does not know, without building
+// an expression: what a layer checks when it is made.
+inline void check_activation(std::string_view act_type) {
+  if (std::ranges::find(activation_names, act_type) != activation_names.end()) return;
+  std::string known;
+  for (std::string_view n : activation_names) known += (known.empty() ? "" : ", ") + std::string(n);
+  fail<ValueError>("activation: unknown act_type '", act_type, "' (", known, ")");
+}
+
 // MXNet's Activation: act_type relu, sigmoid, tanh or softrelu (softplus),
 // and relu6 (MobileNet v2's, which MXNet writes as clip); and, by the names of
 // MXNet's LeakyReLU op and PyTorch, the parameter-free activations of current
@@ -114,6 +127,7 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
 template <array_like X>
 auto activation(X&& x, std::string_view act_type) {
   using R = std::conditional_t<tensor_like<X>, Tensor, Symbol>;
+  check_activation(act_type);
   if (act_type == "relu") return R(relu(x));
   if (act_type == "sigmoid") return R(sigmoid(x));
   if (act_type == "tanh") return R(tanh(x));
@@ -124,8 +138,7 @@ auto activation(X&& x, std::string_view act_type) {
   if (act_type == "silu") return R(silu(x));
   if (act_type == "elu") return R(elu(x));
   if (act_type == "selu") return R(selu(x));
-  fail<ValueError>("activation: unknown act_type '", act_type,
-                   "' (relu, sigmoid, tanh, softrelu, relu6, gelu, gelu_tanh, silu, elu or selu)");
+  fail<Error>("activation: act_type '", act_type, "' is in activation_names but has no expression");
 }
 
 // Zeroes each element with probability `rate` and scales the rest by

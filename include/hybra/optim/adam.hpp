@@ -27,24 +27,7 @@ class Adam final : public Optimizer {
   double beta2() const { return beta2_; }
   double epsilon() const { return epsilon_; }
 
-  void update(std::size_t index, Tensor& weight, const Tensor& grad) override {
-    check_operands(index, weight, grad);
-    Tensor& mean = state_for(means_, index, weight, "mean");
-    Tensor& var = state_for(vars_, index, weight, "var");
-    const auto t = static_cast<double>(count_update(index));
-    const double c = clip_bound(), rescale = rescale_grad(), wd = this->wd();
-    const double lr_t = learning_rate() * std::sqrt(1 - std::pow(beta2_, t)) / (1 - std::pow(beta1_, t));
-    const double b1 = beta1_, b2 = beta2_, a1 = 1 - beta1_, a2 = 1 - beta2_;
-    // Both moments from the same gradient expression; the weight is read
-    // only when weight decay needs it.
-    auto moments = [&](const auto& g) {
-      detail::write_fused(mean, b1 * mean + a1 * g);
-      detail::write_fused(var, b2 * var + a2 * g * g);
-    };
-    if (wd == 0) moments(minimum(maximum(rescale * grad, -c), c));
-    else moments(minimum(maximum(rescale * grad + wd * weight, -c), c));
-    detail::write_fused(weight, weight - lr_t * mean / (sqrt(var) + epsilon_));
-  }
+  void update(std::size_t index, Tensor& weight, const Tensor& grad) override;
 
   std::vector<Tensor> state(std::size_t index) const override {
     auto m = means_.find(index);
@@ -72,6 +55,29 @@ class Adam final : public Optimizer {
   double beta1_, beta2_, epsilon_;
   std::unordered_map<std::size_t, Tensor> means_, vars_;
 };
+
+// Out of the class: a separately compiled program instantiates its fused
+// expressions once (core/separate_compilation.hpp).
+#if HYBRA_DEFINE_SEPARABLE
+HYBRA_SEPARABLE void Adam::update(std::size_t index, Tensor& weight, const Tensor& grad) {
+  check_operands(index, weight, grad);
+  Tensor& mean = state_for(means_, index, weight, "mean");
+  Tensor& var = state_for(vars_, index, weight, "var");
+  const auto t = static_cast<double>(count_update(index));
+  const double c = clip_bound(), rescale = rescale_grad(), wd = this->wd();
+  const double lr_t = learning_rate() * std::sqrt(1 - std::pow(beta2_, t)) / (1 - std::pow(beta1_, t));
+  const double b1 = beta1_, b2 = beta2_, a1 = 1 - beta1_, a2 = 1 - beta2_;
+  // Both moments from the same gradient expression; the weight is read
+  // only when weight decay needs it.
+  auto moments = [&](const auto& g) {
+    detail::write_fused(mean, b1 * mean + a1 * g);
+    detail::write_fused(var, b2 * var + a2 * g * g);
+  };
+  if (wd == 0) moments(minimum(maximum(rescale * grad, -c), c));
+  else moments(minimum(maximum(rescale * grad + wd * weight, -c), c));
+  detail::write_fused(weight, weight - lr_t * mean / (sqrt(var) + epsilon_));
+}
+#endif
 
 namespace detail {
 inline std::unique_ptr<Optimizer> make_adam(const Options& options) {

@@ -31,6 +31,7 @@
 
 #include "../core/creation.hpp"
 #include "../core/error.hpp"
+#include "../core/separate_compilation.hpp"
 #include "../core/tensor.hpp"
 #include "../expr/evaluate.hpp"
 #include "../expr/expression.hpp"

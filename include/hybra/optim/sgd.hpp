@@ -20,26 +20,7 @@ class SGD final : public Optimizer {
 
   double momentum() const { return momentum_; }
 
-  void update(std::size_t index, Tensor& weight, const Tensor& grad) override {
-    check_operands(index, weight, grad);
-    const double lr = learning_rate(), c = clip_bound(), rescale = rescale_grad();
-    auto g = minimum(maximum(rescale * grad, -c), c);
-    if (momentum_ == 0) {
-      count_update(index);
-      // One pass, no state (sgd_update). With wd == 0 the factor is 1: exact.
-      detail::write_fused(weight, (1 - lr * wd()) * weight - lr * g);
-      return;
-    }
-    Tensor& mom = state_for(moms_, index, weight, "momentum");
-    count_update(index);
-    if (wd() == 0) {
-      detail::write_fused(mom, momentum_ * mom - lr * g);  // does not read the weight
-    } else {
-      const double lr_wd = lr * wd();
-      detail::write_fused(mom, momentum_ * mom - lr_wd * weight - lr * g);
-    }
-    detail::write_fused(weight, weight + mom);
-  }
+  void update(std::size_t index, Tensor& weight, const Tensor& grad) override;
 
   std::vector<Tensor> state(std::size_t index) const override {
     auto it = moms_.find(index);
@@ -59,6 +40,31 @@ class SGD final : public Optimizer {
   double momentum_;
   std::unordered_map<std::size_t, Tensor> moms_;
 };
+
+// Out of the class: a separately compiled program instantiates its fused
+// expressions once (core/separate_compilation.hpp).
+#if HYBRA_DEFINE_SEPARABLE
+HYBRA_SEPARABLE void SGD::update(std::size_t index, Tensor& weight, const Tensor& grad) {
+  check_operands(index, weight, grad);
+  const double lr = learning_rate(), c = clip_bound(), rescale = rescale_grad();
+  auto g = minimum(maximum(rescale * grad, -c), c);
+  if (momentum_ == 0) {
+    count_update(index);
+    // One pass, no state (sgd_update). With wd == 0 the factor is 1: exact.
+    detail::write_fused(weight, (1 - lr * wd()) * weight - lr * g);
+    return;
+  }
+  Tensor& mom = state_for(moms_, index, weight, "momentum");
+  count_update(index);
+  if (wd() == 0) {
+    detail::write_fused(mom, momentum_ * mom - lr * g);  // does not read the weight
+  } else {
+    const double lr_wd = lr * wd();
+    detail::write_fused(mom, momentum_ * mom - lr_wd * weight - lr * g);
+  }
+  detail::write_fused(weight, weight + mom);
+}
+#endif
 
 namespace detail {
 inline std::unique_ptr<Optimizer> make_sgd(const Options& options) {

@@ -41,6 +41,11 @@ class Residual : public HybridBlock<Residual> {
   std::shared_ptr<Conv2D> conv1_, conv2_, conv3_;
   std::shared_ptr<BatchNorm> bn1_, bn2_;
 };
+}  // namespace hybra::nn::model_zoo
+namespace hybra::nn {
+HYBRA_SEPARABLE_CLASS(HybridBlock<model_zoo::Residual>);  // in HybridBlock's own namespace, as C++ requires
+}  // namespace hybra::nn
+namespace hybra::nn::model_zoo {
 
 // D2L 8.5's resnet18(num_classes).
 inline HybridSequential resnet18(std::int64_t classes, std::int64_t width = 64) {
