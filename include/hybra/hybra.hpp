@@ -34,6 +34,7 @@
 #include "nn/metric.hpp"
 #include "nn/summary.hpp"
 #include "nn/symbol_block.hpp"
+#include "nn/transformer.hpp"
 #include "nn/model_zoo/resnet.hpp"
 #include "data.hpp"
 #include "optim/adam.hpp"

@@ -1,4 +1,5 @@
-// Computes a fused expression through the public header and checks the values;
+// Computes a fused expression through the public header and checks the values,
+// fills layer options by name;
 // with GCC (CMakeLists.txt), trains a small hybridized network a few steps, so
 // the build compiles what a training program compiles (autograd's rules, the
 // optimizers); where NVRTC is, compiles a GPU reduction from the device
@@ -24,11 +25,22 @@ int main() {
   for (std::size_t i = 0; i < got.size(); ++i) std::printf(i ? ", %g" : "%g", static_cast<double>(got[i]));
   std::printf("]: %s\n", ok ? "PASS" : "FAIL (expected [0, 6, 3, 8])");
 
-#ifdef HYBRA_CONSUMER_TRAINS
+  // Layer options by name, under -Wextra: every field has its default, so
+  // none is a "missing initializer" (GCC warns of a field without one).
   namespace nn = hybra::nn;
+  const nn::Dense::Options dense{.units = 2, .activation = "relu", .flatten = false};
+  const nn::LayerNorm::Options norm{.epsilon = 1e-6};
+  const nn::MultiHeadAttention::Options attention{.units = 8, .heads = 2};
+  const nn::TransformerEncoderLayer::Options encoder{.units = 8, .heads = 2, .hidden = 16};
+  const bool named_ok = dense.units == 2 && !dense.flatten && dense.use_bias && norm.axis == -1 &&
+                        attention.use_bias && encoder.activation == "relu";
+  std::printf("layer options by name: %s\n", named_ok ? "PASS" : "FAIL");
+  ok = ok && named_ok;
+
+#ifdef HYBRA_CONSUMER_TRAINS
   hybra::seed(1);
   nn::HybridSequential net;
-  net.add(nn::Dense(8, "relu"), nn::Dense(3));
+  net.add(nn::Dense({.units = 8, .activation = "relu"}), nn::Dense(3));
   net.initialize(nn::init::Xavier());
   net.hybridize();
   hybra::Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}});

@@ -96,45 +96,135 @@ class HybridConcurrent : public HybridContainer<HybridConcurrent> {
 HYBRA_SEPARABLE_CLASS(HybridBlock<HybridConcurrent>);
 
 // A fully connected layer: y = activation(x weight^T + bias), with x
-// flattened to (batch, in_units). in_units = 0 (the default) takes it from
-// the first input. weight is (units, in_units), bias (units,), zeros at first.
+// flattened to (batch, in_units), or, without `flatten`, applied to x's last
+// axis alone (a (batch, tokens, in_units) input gives (batch, tokens, units)).
+// in_units = 0 (the default) takes it from the first input. weight is
+// (units, in_units), bias (units,), zeros at first. Its options by name, in
+// Gluon's order and with Gluon's names:
+//   nn::Dense({.units = 64, .activation = "gelu", .flatten = false})
 class Dense : public HybridBlock<Dense> {
  public:
-  explicit Dense(std::int64_t units, std::string activation = "", std::int64_t in_units = 0, bool use_bias = true,
-                 DType dtype = DType::float32, std::optional<Initializer> weight_initializer = std::nullopt)
+  struct Options {
+    std::int64_t units = 0;
+    std::string activation = "";
+    bool use_bias = true;
+    bool flatten = true;
+    DType dtype = DType::float32;
+    std::optional<Initializer> weight_initializer = std::nullopt;
+    std::int64_t in_units = 0;
+  };
+
+  explicit Dense(Options options)
       : HybridBlock("dense"),
-        units_(units),
-        activation_(std::move(activation)),
-        weight_(register_parameter("weight", {units, in_units}, dtype, std::move(weight_initializer))) {
-    if (use_bias) bias_ = register_parameter("bias", {units}, dtype, init::Zero());
-    if (units <= 0) fail<ValueError>("Dense: units must be positive, not ", units);
-    if (in_units < 0) fail<ValueError>("Dense: in_units must be positive (or 0: inferred), not ", in_units);
+        units_(options.units),
+        flatten_(options.flatten),
+        activation_(std::move(options.activation)),
+        weight_(register_parameter("weight", {options.units, options.in_units}, options.dtype,
+                                   std::move(options.weight_initializer))) {
+    if (options.use_bias) bias_ = register_parameter("bias", {units_}, options.dtype, init::Zero());
+    if (units_ <= 0) fail<ValueError>("Dense: units must be positive, not ", units_);
+    if (options.in_units < 0)
+      fail<ValueError>("Dense: in_units must be positive (or 0: inferred), not ", options.in_units);
     if (!activation_.empty()) hybra::check_activation(activation_);
   }
+  explicit Dense(std::int64_t units, std::string activation = "", std::int64_t in_units = 0, bool use_bias = true,
+                 DType dtype = DType::float32, std::optional<Initializer> weight_initializer = std::nullopt)
+      : Dense(Options{.units = units,
+                      .activation = std::move(activation),
+                      .use_bias = use_bias,
+                      .dtype = dtype,
+                      .weight_initializer = std::move(weight_initializer),
+                      .in_units = in_units}) {}
 
   template <class F>
   F hybrid_forward(const F& x) {
     if (x.ndim() == 0) fail<ShapeError>("block '", name(), "': input of shape () has no batch axis");
-    weight_.complete_shape({units_, x.shape()[0] == 0 ? 0 : x.size() / x.shape()[0]});
-    F y = bias_ ? fully_connected(x, weight_.as<F>(), bias_->as<F>()) : fully_connected(x, weight_.as<F>());
-    if (activation_.empty()) return y;
-    return activation(y, activation_);
+    if (flatten_) return apply(x, x.shape()[0] == 0 ? 0 : x.size() / x.shape()[0]);
+    const std::int64_t in = x.shape().back();
+    Shape rows_by_in{1, in}, out = x.shape();
+    for (std::size_t d = 0; d + 1 < out.size(); ++d) rows_by_in[0] *= out[d];
+    out.back() = units_;
+    return reshape(apply(reshape(x, rows_by_in), in), out);
   }
 
   Parameter weight() const { return weight_; }
   std::optional<Parameter> bias() const { return bias_; }
   std::string settings() const override {
     return hybra::detail::concat(detail::size_or_unknown(weight_.shape()[1]), " -> ", units_,
-                                 activation_.empty() ? "" : ", " + activation_, bias_ ? "" : ", no bias");
+                                 activation_.empty() ? "" : ", " + activation_, bias_ ? "" : ", no bias",
+                                 flatten_ ? "" : ", last axis");
   }
 
  private:
+  // y = activation(x weight^T + bias) of a 2-d (or, flattened, any) x whose rows have `in` elements.
+  template <class F>
+  F apply(const F& x, std::int64_t in) {
+    weight_.complete_shape({units_, in});
+    F y = bias_ ? fully_connected(x, weight_.as<F>(), bias_->as<F>()) : fully_connected(x, weight_.as<F>());
+    if (activation_.empty()) return y;
+    return activation(y, activation_);
+  }
+
   std::int64_t units_;
+  bool flatten_;
   std::string activation_;
   Parameter weight_;
   std::optional<Parameter> bias_;
 };
 HYBRA_SEPARABLE_CLASS(HybridBlock<Dense>);
+
+// Gluon's LayerNorm: layer_norm over `axis` of each sample, with learned
+// gamma (ones at first) and beta (zeros); without `scale` or `center` they
+// stay fixed (grad_req "null"), as in Gluon. in_channels = 0 (the default)
+// takes the size of `axis` from the first input. Options by name:
+//   nn::LayerNorm({.epsilon = 1e-6})
+class LayerNorm : public HybridBlock<LayerNorm> {
+ public:
+  struct Options {
+    std::int64_t axis = -1;
+    double epsilon = 1e-5;
+    bool center = true;
+    bool scale = true;
+    std::int64_t in_channels = 0;
+    DType dtype = DType::float32;
+  };
+
+  LayerNorm() : LayerNorm(Options{}) {}
+  explicit LayerNorm(Options options)
+      : HybridBlock("layernorm"),
+        axis_(options.axis),
+        epsilon_(options.epsilon),
+        gamma_(register_parameter("gamma", {options.in_channels}, options.dtype, init::One())),
+        beta_(register_parameter("beta", {options.in_channels}, options.dtype, init::Zero())) {
+    if (options.in_channels < 0)
+      fail<ValueError>("LayerNorm: in_channels must be positive (or 0: inferred), not ", options.in_channels);
+    if (!(epsilon_ > 0)) fail<ValueError>("LayerNorm: epsilon ", epsilon_, " must be positive");
+    if (!options.scale) gamma_.set_grad_req("null");
+    if (!options.center) beta_.set_grad_req("null");
+  }
+
+  template <class F>
+  F hybrid_forward(const F& x) {
+    const int a = hybra::detail::checked_axis(axis_, x.shape(), "block '" + name() + "'");
+    const Shape channels{x.shape()[static_cast<std::size_t>(a)]};
+    gamma_.complete_shape(channels);
+    beta_.complete_shape(channels);
+    return layer_norm(x, gamma_.as<F>(), beta_.as<F>(), axis_, epsilon_);
+  }
+
+  Parameter gamma() const { return gamma_; }
+  Parameter beta() const { return beta_; }
+  std::string settings() const override {
+    return hybra::detail::concat(detail::size_or_unknown(gamma_.shape()[0]), " channels",
+                                 axis_ == -1 ? "" : ", axis " + std::to_string(axis_), ", eps ", epsilon_);
+  }
+
+ private:
+  std::int64_t axis_;
+  double epsilon_;
+  Parameter gamma_, beta_;
+};
+HYBRA_SEPARABLE_CLASS(HybridBlock<LayerNorm>);
 
 class Activation : public HybridBlock<Activation> {
  public:

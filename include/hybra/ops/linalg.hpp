@@ -379,12 +379,23 @@ namespace detail::linalg {
 inline std::int64_t contraction(std::span<const Tensor> in, const Tensor& out) {
   return out.size() * (in[0].ndim() ? in[0].shape().back() : 1);
 }
-// MXNet's dot is NumPy's matmul on operands of at most 2 dimensions.
+// MXNet's dot is NumPy's matmul on operands of at most 2 dimensions, and its
+// batch_dot is matmul on two 3-d operands with one batch size.
 template <class W>
 auto write_as_dot(const W& w) {
-  for (std::size_t k = 0; k < 2; ++k)
-    if (!w.input(k).meta.shape || w.input(k).meta.shape->size() > 2) w.reject("on operands of more than 2 dimensions");
+  const auto& a = w.input(0).meta.shape;
+  const auto& b = w.input(1).meta.shape;
+  if (a && b && a->size() == 3 && b->size() == 3 && (*a)[0] == (*b)[0]) return w.keep_all("batch_dot");
+  for (const auto* s : {&a, &b})
+    if (!*s || (*s)->size() > 2)
+      w.reject("on operands of more than 2 dimensions, other than two 3-d ones of one batch size (batch_dot)");
   return w.keep_all("dot");
+}
+// MXNet's dot and batch_dot may transpose their operands; hybra reads neither flag.
+template <class R>
+void reject_transposes(const R& r) {
+  if (r.flag("transpose_a", false) || r.flag("transpose_b", false))
+    r.reject("transpose_a/transpose_b are not supported");
 }
 }  // namespace detail::linalg
 
@@ -424,9 +435,17 @@ struct matmul {
     if (g.wanted[1]) r[1] = g.reshape(g.sum_to(g.matmul(g.swap_last(a), dy), b.shape()), g.shape(1));
     return r;
   }
-  // Written as MXNet's dot where the two agree; no MXNet op reads as matmul.
-  static constexpr std::array<std::string_view, 0> mxnet{};
+  // Written as MXNet's dot or batch_dot where they agree; MXNet's batch_dot reads as matmul.
+  static constexpr std::array<std::string_view, 1> mxnet{"batch_dot"};
   template <class W> static auto write(const W& w) { return hybra::detail::linalg::write_as_dot(w); }
+  template <class R>
+  static auto read(const R& r) {
+    r.arity(2, 2);
+    hybra::detail::linalg::reject_transposes(r);
+    for (std::size_t k = 0; k < 2; ++k)
+      if (r.inputs[k].has_shape() && r.inputs[k].shape().size() != 3) r.reject("batch_dot takes 3-d operands");
+    return r.make("matmul");
+  }
 };
 
 struct dot {
@@ -470,7 +489,7 @@ struct dot {
   template <class R>
   static auto read(const R& r) {
     r.arity(2, 2);
-    if (r.flag("transpose_a", false) || r.flag("transpose_b", false)) r.reject("transpose_a/transpose_b are not supported");
+    hybra::detail::linalg::reject_transposes(r);
     return r.make("dot");
   }
 };

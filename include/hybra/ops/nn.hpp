@@ -1,9 +1,12 @@
 #pragma once
 // The ops of neural-network layers: fully_connected (MXNet's FullyConnected),
-// flatten, dropout and the named activations.
+// flatten, dropout and the named activations; layer_norm and masked_softmax,
+// compositions of the op table's ops, so that their gradients, fusion, GPU
+// kernels and model-file spellings are those ops' own.
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -16,6 +19,8 @@
 #include "../backend/cuda/random.hpp"
 #include "layout.hpp"
 #include "linalg.hpp"
+#include "reduce.hpp"
+#include "softmax.hpp"
 
 namespace hybra {
 
@@ -139,6 +144,42 @@ auto activation(X&& x, std::string_view act_type) {
   if (act_type == "elu") return R(elu(x));
   if (act_type == "selu") return R(selu(x));
   fail<Error>("activation: act_type '", act_type, "' is in activation_names but has no expression");
+}
+
+// PyTorch's layer_norm and MXNet's LayerNorm: over `axis`, (x - mean) /
+// sqrt(var + eps) * gamma + beta, with the biased variance of the centred
+// values (two passes: no cancellation when the mean is large); gamma and beta
+// hold one value per element of that axis.
+template <array_like X, array_like G, array_like B>
+auto layer_norm(X&& x_in, G&& gamma_in, B&& beta_in, std::int64_t axis = -1, double eps = 1e-5) {
+  using R = std::conditional_t<tensor_like<X>, Tensor, Symbol>;
+  const R x(x_in), gamma(gamma_in), beta(beta_in);
+  const auto a = static_cast<std::size_t>(detail::checked_axis(axis, x.shape(), "layer_norm"));
+  const Shape channels{x.shape()[a]};
+  for (const R* p : {&gamma, &beta})
+    if (p->shape() != channels)
+      fail<ShapeError>("layer_norm: ", p == &gamma ? "gamma" : "beta", " of shape ", to_string(p->shape()),
+                       " for input ", to_string(x.shape()), ", whose axis ", axis, " has ", channels[0], " elements");
+  if (!(eps > 0)) fail<ValueError>("layer_norm: eps ", eps, " must be positive");
+  Shape along(x.shape().size(), 1);
+  along[a] = channels[0];
+  const std::vector<std::int64_t> over{axis};
+  const R centred(x - mean(x, over, true));
+  const R var = mean(R(centred * centred), over, true);
+  return R(centred / sqrt(var + eps) * reshape(gamma, along) + reshape(beta, along));
+}
+
+// MXNet's masked_softmax: softmax along `axis` over the elements where `mask`
+// (broadcast against x) is nonzero; the others are 0, and so is a whole row
+// with nothing unmasked. The masked elements enter the softmax as float32's
+// lowest value, whose exp is 0 beside any unmasked one, rather than -inf,
+// whose exp - max in a fully masked row is NaN in the gradient too.
+template <array_like X, array_like M>
+auto masked_softmax(X&& x_in, M&& mask_in, std::int64_t axis = -1) {
+  using R = std::conditional_t<tensor_like<X>, Tensor, Symbol>;
+  const R x(x_in), mask(mask_in);
+  const R probabilities = softmax(R(where(mask, x, std::numeric_limits<float>::lowest())), axis);
+  return R(where(mask, probabilities, 0));
 }
 
 // Zeroes each element with probability `rate` and scales the rest by
