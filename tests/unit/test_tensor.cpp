@@ -5,6 +5,7 @@
 #include <cmath>
 #include <hybra/eager.hpp>
 #include <sstream>
+#include <type_traits>
 
 using namespace hybra;
 
@@ -15,6 +16,11 @@ std::string printed(const Tensor& t) {
   return os.str();
 }
 }  // namespace
+
+// A Shape never becomes a Tensor by itself: `std::cout << t.shape()` once
+// printed an uninitialised tensor of that shape instead of failing to compile.
+static_assert(!std::is_convertible_v<Shape, Tensor>);
+static_assert(std::is_constructible_v<Tensor, Shape, DType>);
 
 TEST_CASE("run-time promotion agrees with the compile-time rule and is symmetric") {
   const DType all[] = {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8};

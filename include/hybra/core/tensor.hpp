@@ -49,8 +49,9 @@ class Tensor {
  public:
   Tensor() = default;
 
-  // An uninitialised tensor of the given shape.
-  Tensor(const Shape& shape, DType dtype = DType::float32, Device device = cpu()) : shape_(shape), dtype_(dtype) {
+  // An uninitialised tensor of the given shape. Explicit: a Shape printed or
+  // passed where a Tensor goes would otherwise become one, of garbage values.
+  explicit Tensor(const Shape& shape, DType dtype = DType::float32, Device device = cpu()) : shape_(shape), dtype_(dtype) {
     auto n = static_cast<std::size_t>(checked_numel(shape, "Tensor"));
     strides_ = contiguous_strides(shape);
     if (n > std::numeric_limits<std::size_t>::max() / size_of(dtype))
