@@ -169,6 +169,12 @@ int export_models(const fs::path& dir) {
   activations.add(nn::Dense(8, "gelu"), nn::GELU("tanh"), nn::LeakyReLU(0.1), nn::ELU(0.5), nn::SELU(), nn::Swish(2),
                   nn::PReLU(), nn::Dense(4, "silu"));
   save(activations, {3, 6}, dir, "activations");
+  // A transformer encoder layer: Dense on the last axis, batched products (batch_dot), softmax,
+  // LayerNorm as mean and arithmetic, GELU.
+  nn::HybridSequential encoder;
+  encoder.add(nn::Dense({.units = 8, .flatten = false}),
+              nn::TransformerEncoderLayer({.units = 8, .heads = 2, .hidden = 16, .activation = "gelu"}), nn::Dense(3));
+  save(encoder, {2, 5, 4}, dir, "transformer_encoder");
   return 0;
 }
 

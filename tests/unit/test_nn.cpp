@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "reference.hpp"
@@ -382,4 +383,91 @@ TEST_CASE("nn: a metric given labels and predictions that do not match says whic
   CHECK_THROWS_WITH_AS(accuracy.update(array({0.0, 1.5, 0.0, 0.0}), preds),
                        "accuracy: label 1.5 of sample 1 is not a class index in [0, 3)", ValueError);
   CHECK(std::isnan(accuracy.get().second));  // a rejected batch adds nothing
+}
+
+namespace {
+// Two inputs and two outputs: attention weights over the last axis, masked,
+// and the weighted sum; with one input, the projection alone.
+class MaskedPool : public nn::HybridBlock<MaskedPool> {
+ public:
+  MaskedPool() : HybridBlock("maskedpool") { dense = register_child(nn::Dense({.units = 4, .flatten = false})); }
+  template <class F>
+  std::tuple<F, F> hybrid_forward(const F& x, const F& mask) {
+    const F weights = masked_softmax((*dense)(x), mask);
+    return {sum(F(weights * x), -1), weights};
+  }
+  template <class F>
+  F hybrid_forward(const F& x) {
+    return (*dense)(x);
+  }
+  std::shared_ptr<nn::Dense> dense;
+};
+
+// Only two inputs, and a parent that calls it inside its own graph.
+class PooledTwice : public nn::HybridBlock<PooledTwice> {
+ public:
+  PooledTwice() : HybridBlock("pooledtwice") { pool = register_child(MaskedPool()); }
+  template <class F>
+  F hybrid_forward(const F& x, const F& mask) {
+    auto [pooled, weights] = (*pool)(x, mask);
+    return F(pooled * 2);
+  }
+  std::shared_ptr<MaskedPool> pool;
+};
+}  // namespace
+
+TEST_CASE("nn: a block of several inputs and outputs, eager, hybridized, differentiated, exported and nested") {
+  MaskedPool block;
+  block.initialize();
+  const Tensor x = random_normal({2, 3, 4});
+  const Tensor mask = reshape(array<std::uint8_t>({1, 1, 0, 1, 1, 1, 1, 0}), {2, 1, 4});
+  auto [pooled, weights] = block(x, mask);
+  CHECK(pooled.shape() == Shape{2, 3});
+  CHECK(weights.shape() == Shape{2, 3, 4});
+  CHECK(weights.to_vector<float>()[2] == 0);
+  CHECK(block(x).shape() == Shape{2, 3, 4});  // the one-input overload
+  CHECK(block.input_names() == std::vector<std::string>{"data"});
+
+  auto gradients = [&] {
+    autograd::record rec;
+    auto [p, w] = block(x, mask);
+    sum(p).backward();
+    return block.dense->weight().grad().to_vector<float>();
+  };
+  const auto eager_grad = gradients();
+  block.hybridize();
+  auto [hp, hw] = block(x, mask);
+  CHECK(max_rel_diff(hp, pooled) <= 1e-6);
+  CHECK(max_rel_diff(hw, weights) <= 1e-6);
+  CHECK(test::max_rel_diff(std::vector<double>(eager_grad.begin(), eager_grad.end()),
+                           [&] {
+                             const auto g = gradients();
+                             return std::vector<double>(g.begin(), g.end());
+                           }()) <= 1e-5);
+  CHECK(block(x).shape() == Shape{2, 3, 4});
+  CHECK(block.captured() == 3);  // two inputs (predicting, then recording), one input
+
+  test::ScratchDir dir;
+  block(x, mask);
+  block.export_model(dir / "pool");
+  auto imported = nn::SymbolBlock::imports(dir / "pool-symbol.json", {"data0", "data1"}, dir / "pool-0000.params");
+  const auto outs = imported({x, mask});
+  REQUIRE(outs.size() == 2);
+  CHECK(max_rel_diff(outs[0], pooled) <= 1e-6);
+  CHECK(max_rel_diff(outs[1], weights) <= 1e-6);
+
+  PooledTwice parent;
+  parent.initialize();
+  const Tensor eager = parent(x, mask);
+  parent.hybridize();
+  CHECK(max_rel_diff(parent(x, mask), eager) <= 1e-6);
+  CHECK(parent.input_names() == std::vector<std::string>{"data0", "data1"});
+
+  // Through Block's one-input interface (a container's call) it says what it takes.
+  nn::HybridSequential net;
+  net.add(PooledTwice());
+  net.initialize();
+  CHECK_THROWS_WITH_AS(net(x), doctest::Contains("takes 2 inputs, not 1"), ValueError);
+  net.hybridize();
+  CHECK_THROWS_WITH_AS(net(x), doctest::Contains("takes 2 inputs, not 1"), ValueError);
 }

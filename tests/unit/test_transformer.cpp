@@ -107,6 +107,8 @@ TEST_CASE("transformer: masked_softmax spreads each row over its unmasked elemen
   CHECK(got[2] == 0);  // its 1000 would take all the mass unmasked
   CHECK(got[3] == doctest::Approx(std::exp(3.0) / z));
   CHECK(std::vector<float>(got.begin() + 4, got.end()) == std::vector<float>(4, 0));
+  CHECK_THROWS_WITH_AS(masked_softmax(ones({2}, DType::int32), ones({2})),
+                       doctest::Contains("input of dtype int32 is not floating"), DTypeError);
   // The mask broadcasts (one row for both), and captured it is the same.
   const Tensor row_mask = array<std::uint8_t>({1, 1, 0, 1});
   const Symbol xs = sym::var("x", Shape{2, 4}), ms = sym::var("m", Shape{4}, DType::uint8);
@@ -177,4 +179,35 @@ TEST_CASE("transformer: an encoder layer trains to the same losses eagerly and h
   attention.initialize();
   CHECK_THROWS_WITH_AS(attention(ones({2, 8})), doctest::Contains("input (2, 8) is not (batch, tokens, 8)"),
                        ShapeError);
+}
+
+TEST_CASE("transformer: a mask keeps a query from the keys it masks, in attention and the encoder layer") {
+  seed(21);
+  nn::MultiHeadAttention attention({.units = 8, .heads = 2});
+  nn::TransformerEncoderLayer layer({.units = 8, .heads = 2, .hidden = 16, .dropout = 0});
+  attention.initialize();
+  layer.initialize();
+  const Tensor x = random_normal({2, 5, 8});
+  // Batch 0 may not attend to token 3; batch 1 attends to everything.
+  const Tensor mask = reshape(array<std::uint8_t>({1, 1, 1, 0, 1, 1, 1, 1, 1, 1}), {2, 1, 5});
+  Tensor changed = x.copy();
+  slice(slice(changed, 0, 0, 1), 1, 3, 4).assign(ones({1, 1, 8}) * 7);
+  for (nn::HybridBase* block : {static_cast<nn::HybridBase*>(&attention), static_cast<nn::HybridBase*>(&layer)}) {
+    CAPTURE(block->name());
+    auto call = [&](const Tensor& in) {
+      return block == &attention ? attention(in, mask) : layer(in, mask);
+    };
+    const Tensor eager = call(x), moved = call(changed);
+    CHECK(eager.shape() == x.shape());
+    // Every token's output but token 3's own is blind to token 3 of batch 0.
+    for (std::int64_t t : {0, 1, 2, 4})
+      CHECK(test::max_rel_diff(slice(moved, 1, t, t + 1), slice(eager, 1, t, t + 1)) <= 1e-5);
+    CHECK(test::max_rel_diff(slice(moved, 0, 1, 2), slice(eager, 0, 1, 2)) <= 1e-6);
+    block->hybridize();
+    CHECK(test::max_rel_diff(call(x), eager) <= 1e-5);
+  }
+  // Unmasked, it is the one-input forward.
+  CHECK(test::max_rel_diff(attention(x, ones({2, 5, 5}, DType::uint8)), attention(x)) <= 1e-6);
+  CHECK_THROWS_WITH_AS(attention(x, ones({2, 5})),
+                       doctest::Contains("mask (2, 5) for input (2, 5, 8) is not (2, 5 or 1, 5)"), ShapeError);
 }

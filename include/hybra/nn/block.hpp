@@ -17,17 +17,20 @@
 #include <boost/core/demangle.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <span>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <typeinfo>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "../autograd/backward.hpp"
@@ -301,7 +304,7 @@ class HybridBase : public Block {
   bool hybridized() const { return active_; }
 
   // The names of the graph's inputs, in call order (Gluon's: one, "data").
-  virtual std::vector<std::string> input_names() const { return {"data"}; }
+  virtual std::vector<std::string> input_names() const { return graph_input_names(1); }
 
   // The plan of the last call's signature (to print its graph or read its
   // memory figures); a ValueError before the first hybridized call.
@@ -318,7 +321,7 @@ class HybridBase : public Block {
     graph::Graph user_graph = c.graph;  // without the state updates' outputs
     user_graph.outputs.resize(c.outputs);
     user_graph = graph::eliminate_dead_code(user_graph);
-    io::MxnetExport ex = io::to_mxnet(user_graph, input_names(), prefix());
+    io::MxnetExport ex = io::to_mxnet(user_graph, graph_input_names(c.shapes.size()), prefix());
     std::vector<std::pair<std::string, Tensor>> arrays;
     const auto vars = c.graph.vars();
     for (bool aux : {false, true}) {
@@ -346,6 +349,13 @@ class HybridBase : public Block {
 
   // The symbolic forward over all inputs (one input: forward(Symbol)).
   virtual std::vector<Symbol> forward_all(const std::vector<Symbol>& inputs) { return {forward(inputs.front())}; }
+  // The names of a graph of `count` inputs: Gluon's "data", or "data0", "data1", ...
+  virtual std::vector<std::string> graph_input_names(std::size_t count) const {
+    if (count == 1) return {"data"};
+    std::vector<std::string> names;
+    for (std::size_t k = 0; k < count; ++k) names.push_back("data" + std::to_string(k));
+    return names;
+  }
 
   // A hybridized call: the plan of the inputs' signature, captured on the
   // first call with that signature.
@@ -427,7 +437,7 @@ class HybridBase : public Block {
   }
 
   std::unique_ptr<Captured> capture(std::span<const Tensor> in, bool training) {
-    const std::vector<std::string> names = input_names();
+    const std::vector<std::string> names = graph_input_names(in.size());
     if (names.size() != in.size()) {
       std::string list;
       for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
@@ -550,29 +560,168 @@ class HybridBase : public Block {
   Captured* last_ = nullptr;
 };
 
+namespace detail {
+// Whether Derived's hybrid_forward takes N operands of type F.
+template <class Derived, class F, std::size_t N>
+constexpr bool forward_takes() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return requires(Derived& d, const F& x) { d.hybrid_forward(((void)I, x)...); };
+  }(std::make_index_sequence<N>{});
+}
+// The input counts a hybrid block can be called with: those of its
+// hybrid_forward's overloads, up to 8.
+inline constexpr std::size_t max_block_inputs = 8;
+template <class Derived>
+constexpr std::size_t fewest_inputs() {
+  return []<std::size_t... N>(std::index_sequence<N...>) {
+    std::size_t fewest = 0;
+    ((fewest = fewest ? fewest : (forward_takes<Derived, Tensor, N + 1>() ? N + 1 : 0)), ...);
+    return fewest;
+  }(std::make_index_sequence<max_block_inputs>{});
+}
+
+template <class R>
+concept tuple_of_outputs = requires { std::tuple_size<std::remove_cvref_t<R>>::value; };
+
+// A forward's result as its list of outputs: one F, a std::vector<F>, or a
+// std::tuple (or pair, or array) of them.
+template <class F, class R>
+std::vector<F> outputs_of(R&& r) {
+  if constexpr (std::same_as<std::remove_cvref_t<R>, std::vector<F>>) {
+    return std::forward<R>(r);
+  } else if constexpr (tuple_of_outputs<R>) {
+    return std::apply([](auto&&... o) { return std::vector<F>{F(std::forward<decltype(o)>(o))...}; },
+                      std::forward<R>(r));
+  } else {
+    return {F(std::forward<R>(r))};
+  }
+}
+
+// A captured plan's outputs as the eager forward returns them (R): a
+// std::vector or tuple of Tensors as it is, anything else as one Tensor.
+template <class R>
+auto from_outputs(std::vector<Tensor> outs) {
+  using T = std::remove_cvref_t<R>;
+  if constexpr (std::same_as<T, std::vector<Tensor>>) {
+    return outs;
+  } else if constexpr (tuple_of_outputs<T>) {
+    if (outs.size() != std::tuple_size_v<T>)
+      fail<ValueError>("a block's plan gave ", outs.size(), " outputs for a forward of ", std::tuple_size_v<T>);
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return T{std::move(outs[I])...};
+    }(std::make_index_sequence<std::tuple_size_v<T>>{});
+  } else {
+    return std::move(outs.front());
+  }
+}
+}  // namespace detail
+
 // The base of a user's hybrid block: Derived defines
-// `template <class F> F hybrid_forward(const F& x)`, used for both modes.
-// The forwards are defined outside the class, so not inline: for hybra's own
-// layers (HYBRA_SEPARABLE_CLASS(HybridBlock<Layer>) after each) a separately
-// compiled program instantiates them once.
+// `template <class F> F hybrid_forward(const F& x)`, used for both modes. It
+// may take several inputs (`hybrid_forward(const F& x, const F& mask)`, and
+// overloads of other counts) and give several outputs (a std::vector<F>, or
+// a std::tuple of F): `block(x, mask)`, `auto [y, weights] = block(x, mask)`.
+// A graph of one input calls it "data", one of several "data0", "data1", ...,
+// as Gluon does. The forwards are defined outside the class, so not inline:
+// for hybra's own layers (HYBRA_SEPARABLE_CLASS(HybridBlock<Layer>) after
+// each) a separately compiled program instantiates them once.
 template <class Derived>
 class HybridBlock : public HybridBase {
  public:
   using HybridBase::HybridBase;
+  // One input and one output, Block's interface (what a container calls):
+  // for a block of other counts, a ValueError that says so.
   Tensor forward(const Tensor& x) override;
   Symbol forward(const Symbol& x) override;
+  // Those of its hybrid_forward of fewest inputs.
+  std::vector<std::string> input_names() const override {
+    return graph_input_names(detail::fewest_inputs<Derived>());
+  }
+
+  // Every input, as its hybrid_forward takes them; the result is what that
+  // returns, eager or hybridized.
+  template <class... More>
+    requires(std::same_as<More, Tensor> && ...)
+  auto operator()(const Tensor& x, const More&... more);
+  // Inside a parent's capture: the child's forward, inlined into its graph.
+  template <class... More>
+    requires(std::same_as<More, Symbol> && ...)
+  auto operator()(const Symbol& x, const More&... more) {
+    static_assert(detail::forward_takes<Derived, Symbol, 1 + sizeof...(More)>(),
+                  "hybra: a hybrid block takes the inputs its hybrid_forward takes, as many and as Symbols");
+    return self().hybrid_forward(x, more...);
+  }
+
+ protected:
+  std::vector<Symbol> forward_all(const std::vector<Symbol>& inputs) override;
 
  private:
   Derived& self() { return static_cast<Derived&>(*this); }
+  // One input, one Tensor out: Block's own call (capture, observers, devices).
+  static constexpr bool one_to_one() {
+    if constexpr (detail::fewest_inputs<Derived>() != 1) return false;
+    else return std::same_as<decltype(std::declval<Derived&>().hybrid_forward(std::declval<const Tensor&>())), Tensor>;
+  }
+  [[noreturn]] void fail_count(std::size_t count) const;
 };
 
 template <class Derived>
 Tensor HybridBlock<Derived>::forward(const Tensor& x) {
-  return self().hybrid_forward(x);
+  if constexpr (one_to_one()) return self().hybrid_forward(x);
+  else fail_count(1);
 }
 template <class Derived>
 Symbol HybridBlock<Derived>::forward(const Symbol& x) {
-  return self().hybrid_forward(x);
+  if constexpr (one_to_one()) return self().hybrid_forward(x);
+  else fail_count(1);
+}
+template <class Derived>
+std::vector<Symbol> HybridBlock<Derived>::forward_all(const std::vector<Symbol>& inputs) {
+  std::optional<std::vector<Symbol>> outs;
+  [&]<std::size_t... N>(std::index_sequence<N...>) {
+    ([&] {
+      if constexpr (detail::forward_takes<Derived, Symbol, N + 1>()) {
+        if (inputs.size() == N + 1)
+          outs = [&]<std::size_t... I>(std::index_sequence<I...>) {
+            return detail::outputs_of<Symbol>(self().hybrid_forward(inputs[I]...));
+          }(std::make_index_sequence<N + 1>{});
+      }
+    }(), ...);
+  }(std::make_index_sequence<detail::max_block_inputs>{});
+  if (!outs) fail_count(inputs.size());
+  return *std::move(outs);
+}
+template <class Derived>
+void HybridBlock<Derived>::fail_count(std::size_t count) const {
+  std::string counts;
+  [&]<std::size_t... N>(std::index_sequence<N...>) {
+    ([&] {
+      if constexpr (detail::forward_takes<Derived, Tensor, N + 1>())
+        counts += (counts.empty() ? "" : " or ") + std::to_string(N + 1);
+    }(), ...);
+  }(std::make_index_sequence<detail::max_block_inputs>{});
+  fail<ValueError>("block '", name(), "' takes ", counts, " inputs, not ", count,
+                   count == 1 ? ", or gives several outputs: call it as itself, block(x, ...), not through a container"
+                              : "");
+}
+template <class Derived>
+template <class... More>
+  requires(std::same_as<More, Tensor> && ...)
+auto HybridBlock<Derived>::operator()(const Tensor& x, const More&... more) {
+  static_assert(detail::forward_takes<Derived, Tensor, 1 + sizeof...(More)>(),
+                "hybra: a hybrid block takes the inputs its hybrid_forward takes, as many and as Tensors");
+  if constexpr (sizeof...(More) == 0 && one_to_one()) {
+    return Block::operator()(x);
+  } else {
+    using Result = decltype(self().hybrid_forward(x, more...));
+    const std::array<Tensor, 1 + sizeof...(More)> in{x, more...};
+    detail::forward_device_scope on(checked(x).device());
+    if (hybridized() && !detail::call_observer) return detail::from_outputs<Result>(call_captured(in));
+    if (detail::call_observer) detail::call_observer->enter(*this);
+    auto result = detail::from_outputs<Result>(detail::outputs_of<Tensor>(self().hybrid_forward(x, more...)));
+    if (detail::call_observer) detail::call_observer->leave(*this, detail::outputs_of<Tensor>(result).front());
+    return result;
+  }
 }
 
 }  // namespace hybra::nn

@@ -97,6 +97,7 @@ class SymbolBlock : public HybridBase {
   }
 
  protected:
+  std::vector<std::string> graph_input_names(std::size_t) const override { return inputs_; }
   std::vector<Symbol> forward_all(const std::vector<Symbol>& inputs) override {
     require_arity(inputs.size());
     return graph::replay(graph_, [&](const graph::Node& var) {

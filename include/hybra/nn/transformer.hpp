@@ -42,6 +42,20 @@ class MultiHeadAttention : public HybridBlock<MultiHeadAttention> {
 
   template <class F>
   F hybrid_forward(const F& x) {
+    return attend<F>(x, nullptr);
+  }
+  // mask: (batch, tokens, tokens) or, the same for every query, (batch, 1,
+  // tokens); nonzero where a query may attend to a key.
+  template <class F>
+  F hybrid_forward(const F& x, const F& mask) {
+    return attend(x, &mask);
+  }
+
+  std::string settings() const override { return hybra::detail::concat(units_, " units, ", heads_, " heads"); }
+
+ private:
+  template <class F>
+  F attend(const F& x, const F* mask) {
     if (x.ndim() != 3 || x.shape()[2] != units_)
       fail<ShapeError>("block '", name(), "': input ", to_string(x.shape()), " is not (batch, tokens, ", units_, ")");
     const std::int64_t batch = x.shape()[0], tokens = x.shape()[1], width = units_ / heads_;
@@ -52,14 +66,20 @@ class MultiHeadAttention : public HybridBlock<MultiHeadAttention> {
     };
     const F q = split((*query_)(x)), k = split((*key_)(x)), v = split((*value_)(x));
     const F scores = F(matmul(q, transpose(k, {0, 2, 1})) * (1 / std::sqrt(static_cast<double>(width))));
-    const F heads = matmul(softmax(scores, -1), v);
+    const F weights = [&]() -> F {
+      if (!mask) return softmax(scores, -1);
+      const Shape& m = mask->shape();
+      if (m.size() != 3 || m[0] != batch || (m[1] != tokens && m[1] != 1) || m[2] != tokens)
+        fail<ShapeError>("block '", name(), "': mask ", to_string(m), " for input ", to_string(x.shape()), " is not (",
+                         batch, ", ", tokens, " or 1, ", tokens, ")");
+      const F per_head = reshape(scores, {batch, heads_, tokens, tokens});
+      return reshape(masked_softmax(per_head, reshape(*mask, {batch, 1, m[1], tokens})), scores.shape());
+    }();
+    const F heads = matmul(weights, v);
     const F joined = reshape(transpose(reshape(heads, {batch, heads_, tokens, width}), {0, 2, 1, 3}), x.shape());
     return (*output_)(joined);
   }
 
-  std::string settings() const override { return hybra::detail::concat(units_, " units, ", heads_, " heads"); }
-
- private:
   static Dense projection(const Options& o) {
     return Dense({.units = o.units, .use_bias = o.use_bias, .flatten = false, .in_units = o.units});
   }
@@ -101,7 +121,20 @@ class TransformerEncoderLayer : public HybridBlock<TransformerEncoderLayer> {
 
   template <class F>
   F hybrid_forward(const F& x) {
-    auto attend = [&](const F& y) { return (*attention_dropout_)((*attention_)(y)); };
+    return encode(x, [&](const F& y) { return (*attention_)(y); });
+  }
+  // mask: as MultiHeadAttention's.
+  template <class F>
+  F hybrid_forward(const F& x, const F& mask) {
+    return encode(x, [&](const F& y) { return (*attention_)(y, mask); });
+  }
+
+  std::string settings() const override { return norm_first_ ? "norm first" : ""; }
+
+ private:
+  template <class F, class Attention>
+  F encode(const F& x, Attention attention) {
+    auto attend = [&](const F& y) { return (*attention_dropout_)(attention(y)); };
     auto feed_forward = [&](const F& y) { return (*output_dropout_)((*output_)((*hidden_dropout_)((*hidden_)(y)))); };
     if (norm_first_) {
       const F y = F(x + attend((*norm1_)(x)));
@@ -111,9 +144,6 @@ class TransformerEncoderLayer : public HybridBlock<TransformerEncoderLayer> {
     return (*norm2_)(F(y + feed_forward(y)));
   }
 
-  std::string settings() const override { return norm_first_ ? "norm first" : ""; }
-
- private:
   bool norm_first_;
   std::shared_ptr<MultiHeadAttention> attention_;
   std::shared_ptr<Dropout> attention_dropout_;

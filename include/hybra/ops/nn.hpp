@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -171,15 +170,20 @@ auto layer_norm(X&& x_in, G&& gamma_in, B&& beta_in, std::int64_t axis = -1, dou
 
 // MXNet's masked_softmax: softmax along `axis` over the elements where `mask`
 // (broadcast against x) is nonzero; the others are 0, and so is a whole row
-// with nothing unmasked. The masked elements enter the softmax as float32's
-// lowest value, whose exp is 0 beside any unmasked one, rather than -inf,
-// whose exp - max in a fully masked row is NaN in the gradient too.
+// with nothing unmasked. A masked element enters the softmax lowered by
+// 1e30, whose exp is 0 beside any unmasked one (-inf would make a fully
+// masked row NaN, in the gradient too), and the result is multiplied by the
+// mask: arithmetic that MXNet's graph format writes as broadcast ops, where
+// `where` with a scalar or a broadcast operand has no MXNet spelling.
 template <array_like X, array_like M>
 auto masked_softmax(X&& x_in, M&& mask_in, std::int64_t axis = -1) {
   using R = std::conditional_t<tensor_like<X>, Tensor, Symbol>;
   const R x(x_in), mask(mask_in);
-  const R probabilities = softmax(R(where(mask, x, std::numeric_limits<float>::lowest())), axis);
-  return R(where(mask, probabilities, 0));
+  if (!is_floating(x.dtype()))
+    fail<DTypeError>("masked_softmax: input of dtype ", name(x.dtype()), " is not floating");
+  const R keep = R(mask != 0).astype(x.dtype());
+  const R probabilities = softmax(R(x + (keep - 1) * 1e30), axis);
+  return R(probabilities * keep);
 }
 
 // Zeroes each element with probability `rate` and scales the rest by
