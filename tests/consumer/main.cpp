@@ -32,8 +32,13 @@ int main() {
   const nn::LayerNorm::Options norm{.epsilon = 1e-6};
   const nn::MultiHeadAttention::Options attention{.units = 8, .heads = 2};
   const nn::TransformerEncoderLayer::Options encoder{.units = 8, .heads = 2, .hidden = 16};
+  const nn::Conv2D::Options conv{.channels = 4, .kernel_size = 3, .padding = 1};
+  const nn::MaxPool2D::Options pool{.pool_size = 3, .ceil_mode = true};
+  const nn::AvgPool2D::Options average{.count_include_pad = false};
+  const nn::BatchNorm::Options batch_norm{.momentum = 0.99};
   const bool named_ok = dense.units == 2 && !dense.flatten && dense.use_bias && norm.axis == -1 &&
-                        attention.use_bias && encoder.activation == "relu";
+                        attention.use_bias && encoder.activation == "relu" && conv.groups == 1 &&
+                        pool.ceil_mode && average.pool_size == hybra::Size2d(2) && batch_norm.epsilon == 1e-5;
   std::printf("layer options by name: %s\n", named_ok ? "PASS" : "FAIL");
   ok = ok && named_ok;
 

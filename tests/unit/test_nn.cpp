@@ -471,3 +471,21 @@ TEST_CASE("nn: a block of several inputs and outputs, eager, hybridized, differe
   net.hybridize();
   CHECK_THROWS_WITH_AS(net(x), doctest::Contains("takes 2 inputs, not 1"), ValueError);
 }
+
+TEST_CASE("nn: layers take their options by name, Gluon's keywords, as the same layers made positionally") {
+  CHECK(nn::Conv2D({.channels = 6, .kernel_size = 5, .padding = 2, .activation = "relu"}).settings() ==
+        nn::Conv2D(6, 5, 1, 2, 1, 1, "relu").settings());
+  nn::Conv2D grouped({.channels = 4, .kernel_size = {3, 1}, .strides = 2, .groups = 2, .use_bias = false,
+                      .in_channels = 2});
+  CHECK(grouped.weight().shape() == Shape{4, 1, 3, 1});
+  CHECK(!grouped.bias());
+  CHECK(nn::MaxPool2D({.pool_size = 3, .strides = 2, .ceil_mode = true}).settings() ==
+        "size (3, 3), stride (2, 2), ceil mode");
+  CHECK(nn::AvgPool2D({.pool_size = 2, .padding = 1, .count_include_pad = false}).settings() ==
+        nn::AvgPool2D(2, 0, 1, false).settings());
+  nn::BatchNorm norm({.momentum = 0.5, .epsilon = 1e-3, .center = false});
+  CHECK(norm.settings() == nn::BatchNorm(1, 0.5, 1e-3).settings());
+  CHECK(norm.beta().grad_req() == "null");
+  CHECK_THROWS_WITH_AS(nn::Conv2D({.channels = 4}), doctest::Contains("kernel_size (0, 0) must be positive"),
+                       ValueError);
+}

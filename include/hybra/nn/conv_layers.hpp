@@ -17,35 +17,63 @@ namespace hybra::nn {
 // A 2-d convolution: y = activation(conv2d(x, weight) + bias). weight is
 // (channels, in_channels / groups, kernel height, kernel width), bias
 // (channels,), zeros at first. in_channels = 0 (the default) takes it from
-// the first input.
+// the first input. Options by name, as Gluon's keywords:
+//   nn::Conv2D({.channels = 64, .kernel_size = 3, .padding = 1, .activation = "relu"})
 class Conv2D : public HybridBlock<Conv2D> {
  public:
-  Conv2D(std::int64_t channels, Size2d kernel_size, Size2d strides = 1, Size2d padding = 0, Size2d dilation = 1,
-         std::int64_t groups = 1, std::string activation = "", bool use_bias = true, std::int64_t in_channels = 0,
-         DType dtype = DType::float32, std::optional<Initializer> weight_initializer = std::nullopt)
+  struct Options {
+    std::int64_t channels = 0;
+    Size2d kernel_size = 0;
+    Size2d strides = 1;
+    Size2d padding = 0;
+    Size2d dilation = 1;
+    std::int64_t groups = 1;
+    std::string activation = "";
+    bool use_bias = true;
+    std::optional<Initializer> weight_initializer = std::nullopt;
+    std::int64_t in_channels = 0;
+    DType dtype = DType::float32;
+  };
+
+  explicit Conv2D(Options o)
       : HybridBlock("conv"),
-        channels_(channels),
-        kernel_(kernel_size),
-        strides_(strides),
-        padding_(padding),
-        dilation_(dilation),
-        groups_(groups),
-        activation_(std::move(activation)),
+        channels_(o.channels),
+        kernel_(o.kernel_size),
+        strides_(o.strides),
+        padding_(o.padding),
+        dilation_(o.dilation),
+        groups_(o.groups),
+        activation_(std::move(o.activation)),
         weight_(register_parameter("weight",
-                                   {channels, groups > 0 ? in_channels / groups : 0, kernel_size.h, kernel_size.w},
-                                   dtype, std::move(weight_initializer))) {
-    if (use_bias) bias_ = register_parameter("bias", {channels}, dtype, init::Zero());
-    if (channels <= 0) fail<ValueError>("Conv2D: channels must be positive, not ", channels);
-    if (kernel_size.h < 1 || kernel_size.w < 1)
-      fail<ValueError>("Conv2D: kernel_size ", kernel_size, " must be positive");
-    hybra::detail::nn::require_window("Conv2D", strides, padding, dilation);
-    if (groups < 1 || channels % groups != 0)
-      fail<ValueError>("Conv2D: groups ", groups, " must be positive and divide channels (", channels, ")");
-    if (in_channels < 0 || in_channels % groups != 0)
-      fail<ValueError>("Conv2D: in_channels ", in_channels, " must be a multiple of groups (", groups,
+                                   {o.channels, o.groups > 0 ? o.in_channels / o.groups : 0, o.kernel_size.h,
+                                    o.kernel_size.w},
+                                   o.dtype, std::move(o.weight_initializer))) {
+    if (o.use_bias) bias_ = register_parameter("bias", {o.channels}, o.dtype, init::Zero());
+    if (o.channels <= 0) fail<ValueError>("Conv2D: channels must be positive, not ", o.channels);
+    if (o.kernel_size.h < 1 || o.kernel_size.w < 1)
+      fail<ValueError>("Conv2D: kernel_size ", o.kernel_size, " must be positive");
+    hybra::detail::nn::require_window("Conv2D", o.strides, o.padding, o.dilation);
+    if (o.groups < 1 || o.channels % o.groups != 0)
+      fail<ValueError>("Conv2D: groups ", o.groups, " must be positive and divide channels (", o.channels, ")");
+    if (o.in_channels < 0 || o.in_channels % o.groups != 0)
+      fail<ValueError>("Conv2D: in_channels ", o.in_channels, " must be a multiple of groups (", o.groups,
                        "), or 0: inferred");
     if (!activation_.empty()) hybra::check_activation(activation_);
   }
+  Conv2D(std::int64_t channels, Size2d kernel_size, Size2d strides = 1, Size2d padding = 0, Size2d dilation = 1,
+         std::int64_t groups = 1, std::string activation = "", bool use_bias = true, std::int64_t in_channels = 0,
+         DType dtype = DType::float32, std::optional<Initializer> weight_initializer = std::nullopt)
+      : Conv2D(Options{.channels = channels,
+                       .kernel_size = kernel_size,
+                       .strides = strides,
+                       .padding = padding,
+                       .dilation = dilation,
+                       .groups = groups,
+                       .activation = std::move(activation),
+                       .use_bias = use_bias,
+                       .weight_initializer = std::move(weight_initializer),
+                       .in_channels = in_channels,
+                       .dtype = dtype}) {}
 
   template <class F>
   F hybrid_forward(const F& x) {
@@ -97,9 +125,20 @@ inline std::string pool_settings(Size2d pool_size, Size2d strides, Size2d paddin
 }  // namespace detail
 
 // Max over pool_size windows moved by strides (0, the default: pool_size);
-// PoolingConvention::full is Gluon's ceil_mode=True.
+// PoolingConvention::full is Gluon's ceil_mode=True, and by name
+// `nn::MaxPool2D({.pool_size = 3, .strides = 2, .ceil_mode = true})`.
 class MaxPool2D : public HybridBlock<MaxPool2D> {
  public:
+  struct Options {
+    Size2d pool_size = 2;
+    Size2d strides = 0;
+    Size2d padding = 0;
+    bool ceil_mode = false;
+  };
+
+  explicit MaxPool2D(Options o)
+      : MaxPool2D(o.pool_size, o.strides, o.padding,
+                  o.ceil_mode ? PoolingConvention::full : PoolingConvention::valid) {}
   explicit MaxPool2D(Size2d pool_size = 2, Size2d strides = 0, Size2d padding = 0,
                      PoolingConvention convention = PoolingConvention::valid)
       : HybridBlock("pool"),
@@ -125,9 +164,20 @@ HYBRA_SEPARABLE_CLASS(HybridBlock<MaxPool2D>);
 
 // Average over pool_size windows moved by strides (0, the default:
 // pool_size), dividing by the whole window or, without count_include_pad,
-// by the input elements in it.
+// by the input elements in it. By name, as MaxPool2D, with `.count_include_pad`.
 class AvgPool2D : public HybridBlock<AvgPool2D> {
  public:
+  struct Options {
+    Size2d pool_size = 2;
+    Size2d strides = 0;
+    Size2d padding = 0;
+    bool ceil_mode = false;
+    bool count_include_pad = true;
+  };
+
+  explicit AvgPool2D(Options o)
+      : AvgPool2D(o.pool_size, o.strides, o.padding, o.count_include_pad,
+                  o.ceil_mode ? PoolingConvention::full : PoolingConvention::valid) {}
   explicit AvgPool2D(Size2d pool_size = 2, Size2d strides = 0, Size2d padding = 0, bool count_include_pad = true,
                      PoolingConvention convention = PoolingConvention::valid)
       : HybridBlock("pool"),
@@ -185,9 +235,22 @@ HYBRA_SEPARABLE_CLASS(HybridBlock<GlobalMaxPool2D>);
 // and running_mean at zeros, running_var at ones; the running statistics
 // have grad_req "null", as have gamma without `scale` and beta without
 // `center` (Gluon's fixed gamma and beta). in_channels = 0 (the default)
-// takes the size of `axis` from the first input.
+// takes the size of `axis` from the first input. By name:
+//   nn::BatchNorm({.momentum = 0.99, .epsilon = 1e-3})
 class BatchNorm : public HybridBlock<BatchNorm> {
  public:
+  struct Options {
+    std::int64_t axis = 1;
+    double momentum = 0.9;
+    double epsilon = 1e-5;
+    bool center = true;
+    bool scale = true;
+    std::int64_t in_channels = 0;
+    DType dtype = DType::float32;
+  };
+
+  explicit BatchNorm(Options o)
+      : BatchNorm(o.axis, o.momentum, o.epsilon, o.center, o.scale, o.in_channels, o.dtype) {}
   explicit BatchNorm(std::int64_t axis = 1, double momentum = 0.9, double epsilon = 1e-5, bool center = true,
                      bool scale = true, std::int64_t in_channels = 0, DType dtype = DType::float32)
       : HybridBlock("batchnorm"),
