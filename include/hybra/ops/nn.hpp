@@ -174,7 +174,9 @@ auto layer_norm(X&& x_in, G&& gamma_in, B&& beta_in, std::int64_t axis = -1, dou
 // 1e30, whose exp is 0 beside any unmasked one (-inf would make a fully
 // masked row NaN, in the gradient too), and the result is multiplied by the
 // mask: arithmetic that MXNet's graph format writes as broadcast ops, where
-// `where` with a scalar or a broadcast operand has no MXNet spelling.
+// `where` with a scalar or a broadcast operand has no MXNet spelling. So a
+// masked element's value still enters its row: a NaN or inf there makes the
+// row NaN, as it would in MXNet's arithmetic masking.
 template <array_like X, array_like M>
 auto masked_softmax(X&& x_in, M&& mask_in, std::int64_t axis = -1) {
   using R = std::conditional_t<tensor_like<X>, Tensor, Symbol>;
