@@ -86,15 +86,17 @@ struct Meta {
   bool weak = false;
 };
 
-// The entry for an op name; an unknown name is a ValueError naming it.
+// The entry for an op name; an unknown name is a ValueError naming it. The
+// table is never destroyed: work the engine still runs at exit (a plan's
+// call no one waited for) looks ops up after static destructors have run.
 inline const OpDef& find_op(std::string_view name) {
-  static const auto table = [] {
-    std::unordered_map<std::string_view, OpDef> t;
-    for (const auto& d : detail::op_defs()) t.emplace(d.name, d);
+  static const auto* const table = [] {
+    auto* t = new std::unordered_map<std::string_view, OpDef>;
+    for (const auto& d : detail::op_defs()) t->emplace(d.name, d);
     return t;
   }();
-  auto it = table.find(name);
-  if (it == table.end()) fail<ValueError>("graph: unknown op '", name, "'");
+  auto it = table->find(name);
+  if (it == table->end()) fail<ValueError>("graph: unknown op '", name, "'");
   return it->second;
 }
 
