@@ -23,6 +23,7 @@
 #include "ops/batch_norm.hpp"
 #include "ops/conv.hpp"
 #include "ops/cumsum.hpp"
+#include "ops/embedding.hpp"
 #include "ops/layout.hpp"
 #include "ops/linalg.hpp"
 #include "ops/nn.hpp"

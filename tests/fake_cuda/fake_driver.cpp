@@ -336,16 +336,18 @@ CUresult cuMemcpyPeerAsync(unsigned long long dst, void*, unsigned long long src
   on_stream(stream, [=] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes); });
   return success;
 }
-CUresult cuMemsetD8Async(unsigned long long dst, unsigned char value, std::size_t count, void* stream) {
+CUresult cuMemsetD8Async(unsigned long long dst, unsigned char value, std::size_t elements, void* stream) {
   if (const CUresult r = needs_context("cuMemsetD8Async"); r != success) return r;
-  on_stream(stream, [=] { std::memset(reinterpret_cast<void*>(dst), value, count); });
+  count("cuMemsetD8Async");
+  on_stream(stream, [=] { std::memset(reinterpret_cast<void*>(dst), value, elements); });
   return success;
 }
-CUresult cuMemsetD32Async(unsigned long long dst, unsigned value, std::size_t count, void* stream) {
+CUresult cuMemsetD32Async(unsigned long long dst, unsigned value, std::size_t elements, void* stream) {
   if (const CUresult r = needs_context("cuMemsetD32Async"); r != success) return r;
+  count("cuMemsetD32Async");
   on_stream(stream, [=] {
     auto* p = reinterpret_cast<unsigned*>(dst);
-    for (std::size_t i = 0; i < count; ++i) p[i] = value;
+    for (std::size_t i = 0; i < elements; ++i) p[i] = value;
   });
   return success;
 }

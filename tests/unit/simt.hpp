@@ -7,6 +7,7 @@
 //
 // Include it before any kernels/ file and in a translation unit of its own:
 // it defines CUDA's keywords as macros.
+#include <atomic>
 #include <barrier>
 #include <condition_variable>
 #include <cstdint>
@@ -109,3 +110,13 @@ void launch(unsigned blocks, unsigned threads, Kernel kernel) {
 // The kernels' warps make the same turns as their block (reduce.cuh), so a
 // warp's barrier can be the block's.
 #define __syncwarp() simt::block_barrier->arrive_and_wait()
+
+// CUDA's atomics, on the simulated threads' shared memory.
+template <class T>
+T atomicAdd(T* address, T value) {
+  return std::atomic_ref<T>(*address).fetch_add(value);
+}
+inline unsigned int atomicCAS(unsigned int* address, unsigned int compare, unsigned int value) {
+  std::atomic_ref<unsigned int>(*address).compare_exchange_strong(compare, value);
+  return compare;
+}

@@ -1,4 +1,4 @@
-// The GPU's reductions, argmax, softmax, cumsum, convolutions, pooling,
+// The GPU's reductions, argmax, softmax, cumsum, embedding, convolutions, pooling,
 // batch_norm, copies between layouts and random fills without a GPU: the device code of kernels/ runs on the CPU
 // (simt.hpp), launched in the steps backend/cuda/reduce.hpp and
 // ops/conv_cuda.hpp plan for a GPU (a CPU GEMM standing in for cuBLAS), and
@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <functional>
+#include <numeric>
 #include <hybra/eager.hpp>
 #include <hybra/backend/cuda/layout.hpp>
 #include <hybra/backend/cuda/random.hpp>
@@ -25,6 +26,7 @@
 #include <kernels/conv.cuh>
 #include <kernels/copy.cuh>
 #include <kernels/cumsum.cuh>
+#include <kernels/embedding.cuh>
 #include <kernels/pool.cuh>
 #include <kernels/random.cuh>
 #include <kernels/reduce.cuh>
@@ -898,4 +900,75 @@ TEST_CASE("cuda kernels: the random program compiles for sm_90, with an entry pe
     }
   for (DType d : {DType::float32, DType::float64})
     CHECK(ptx.find(".entry " + backend::cuda::dropout_entry(d) + "(") != std::string::npos);
+}
+
+// embedding's gather and scatter-add on simulated threads (a grid smaller
+// than the elements: the grid's stride), against the CPU op: rows picked
+// twice add both rows of dy; a bad index (not whole, negative, past the
+// last row) leaves a zero row, adds nowhere, and is the one report.
+TEST_CASE("cuda kernels: embedding's gather and scatter-add on simulated threads are the CPU's; a bad index is reported") {
+  const Tensor table = reshape(arange(0, 15, 1, DType::float64) * 0.5, {5, 3});
+  const Tensor dy = reshape(arange(0, 18, 1, DType::float64), {6, 3});
+  table.wait_to_read();
+  dy.wait_to_read();
+  for (DType d : {DType::int64, DType::int32, DType::uint8, DType::float32}) {
+    CAPTURE(name(d));
+    const Tensor indices = array<std::int64_t>({4, 0, 2, 4, 1, 3}).astype(d);
+    const Tensor want = embedding(indices, table), want_grad = embedding_backward(indices, dy, 5);
+    Tensor y({6, 3}, DType::float64), grad = zeros({5, 3}, DType::float64);
+    kernels::bad_input_report report{};
+    indices.wait_to_read();
+    dispatch(d, [&](auto tag) {
+      using I = typename decltype(tag)::type;
+      const auto* idx = static_cast<const I*>(indices.raw_data());
+      simt::launch(2, 4, [&] {
+        kernels::embedding_gather(idx, static_cast<const double*>(table.raw_data()), static_cast<double*>(y.raw_data()),
+                                  6, 5, 3, &report, 7);
+      });
+      simt::launch(2, 4, [&] {
+        kernels::embedding_scatter_add(idx, static_cast<const double*>(dy.raw_data()),
+                                       static_cast<double*>(grad.raw_data()), 6, 5, 3, &report, 7);
+      });
+    });
+    CHECK(y.to_vector<double>() == want.to_vector<double>());
+    CHECK(grad.to_vector<double>() == want_grad.to_vector<double>());
+    CHECK(report.op == 0u);
+  }
+  for (const float bad : {5.0f, -1.0f, 2.5f}) {
+    CAPTURE(bad);
+    const std::vector<float> indices{1, bad, 2};
+    std::vector<double> y(9, -1), grad(15, 0);
+    kernels::bad_input_report report{};
+    simt::launch(1, 4, [&] {
+      kernels::embedding_gather(indices.data(), static_cast<const double*>(table.raw_data()), y.data(), 3, 5, 3, &report,
+                                7);
+    });
+    CHECK(report.op == 7u);
+    CHECK(report.value == bad);
+    CHECK(report.position == 1);
+    CHECK(report.bound == 5);
+    CHECK(std::vector<double>(y.begin() + 3, y.begin() + 6) == std::vector<double>(3, 0.0));
+    CHECK(y[0] == 1.5);
+    report = {};
+    simt::launch(1, 4, [&] {
+      kernels::embedding_scatter_add(indices.data(), static_cast<const double*>(dy.raw_data()), grad.data(), 3, 5, 3,
+                                     &report, 9);
+    });
+    CHECK(report.op == 9u);
+    CHECK(std::accumulate(grad.begin(), grad.end(), 0.0) == (0 + 1 + 2) + (6 + 7 + 8));
+  }
+}
+
+TEST_CASE("cuda kernels: embedding's program compiles for sm_90 for every index dtype and float table, with both entries") {
+  REQUIRE_MESSAGE(backend::cuda::nvrtc().loaded(), "NVRTC (the CUDA toolkit) is needed: ", backend::cuda::nvrtc().problem());
+  for (DType index : all_dtypes)
+    for (DType table : {DType::float32, DType::float64}) {
+      CAPTURE(name(index));
+      CAPTURE(name(table));
+      const std::string program = detail::embedding::program_name(index, table);
+      const std::string ptx = backend::cuda::cuda_ptx(detail::embedding::cuda_program(index, table), program + ".cu");
+      for (const char* kernel : {"gather", "scatter_add"})
+        CHECK(ptx.find(".entry " + detail::embedding::entry(index, table, kernel) + "(") != std::string::npos);
+      CHECK(ptx.find("atom.global.add") != std::string::npos);
+    }
 }

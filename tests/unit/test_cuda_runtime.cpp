@@ -505,6 +505,52 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(detail::cumsum::cuda_launch(b, false, DType::int32, backend::cuda::gpu(0)).scratch_bytes == 32 * 8);
   }
 
+  // The stand-in runs no kernel: the test writes the report as the kernel
+  // would on finding index 7 at element 2 (tests/unit/test_cuda_kernels.cpp
+  // runs the kernel itself on simulated threads).
+  TEST_CASE("cuda fake: embedding and its gradient are kernels on cuda(0); a bad index a kernel reports is raised by the next wait") {
+    FakeDriver fake;
+    const Tensor table = ones({5, 3}, DType::float32, cuda(0));
+    const Tensor indices = array<std::int64_t>({4, 0, 7}).to(cuda(0));
+    waitall();
+    const long launches = fake.calls("cuLaunchKernel");
+    Tensor y = embedding(indices, table);
+    waitall();
+    CHECK(y.shape() == Shape{3, 3});
+    CHECK(fake.calls("cuLaunchKernel") == launches + 1);
+    CHECK(fake.last_launch() == "hybra_embedding_int64_float32_gather");
+    backend::cuda::BadInputReport* report = backend::cuda::gpu(0).bad_input_report();
+    CHECK(fake.last_launch_param<void*>(6) == static_cast<void*>(report));
+    CHECK(fake.last_launch_param<unsigned>(7) == backend::cuda::bad_input_code("embedding"));
+
+    *report = {backend::cuda::bad_input_code("embedding"), 0, 7.0, 2, 5};
+    Tensor z = embedding(indices, table);
+    CHECK_THROWS_WITH_AS(z.wait_to_read(),
+                         doctest::Contains("embedding: index 7 (element 2 of the indices, flattened) is not one of the 5 "
+                                           "rows of its table, found on cuda(0) by its kernel"),
+                         IndexError);
+    CHECK(report->op == 0u);  // taken: the waits for that work report it, later work does not
+    CHECK_THROWS_AS(waitall(), IndexError);
+    CHECK_NOTHROW(waitall());
+    CHECK_NOTHROW(Tensor(embedding(indices, table)).wait_to_read());
+
+    // The gradient zeroes the table's gradient, then adds into it.
+    const long memsets = fake.calls("cuMemsetD8Async");
+    Tensor grad = embedding_backward(indices, ones({3, 3}, DType::float32, cuda(0)), 5);
+    waitall();
+    CHECK(grad.shape() == Shape{5, 3});
+    CHECK(fake.calls("cuMemsetD8Async") == memsets + 1);
+    CHECK(fake.last_launch() == "hybra_embedding_int64_float32_scatter_add");
+
+    // With synchronous ops the op that found it fails.
+    backend::cuda::set_synchronous_ops(true);
+    *report = {backend::cuda::bad_input_code("embedding"), 0, -1.0, 0, 5};
+    CHECK_THROWS_WITH_AS(Tensor(embedding(indices, table)).wait_to_read(),
+                         doctest::Contains("engine op 'embedding' on cuda(0) failed: embedding: index -1"), IndexError);
+    backend::cuda::set_synchronous_ops(false);
+    CHECK_NOTHROW(waitall());
+  }
+
   TEST_CASE("cuda fake: a captured graph's reductions, argmax and softmax run in the plan's buffers and replay with it") {
     FakeDriver fake;
     auto a = sym::var("a", Shape{64, 10});

@@ -327,6 +327,29 @@ TEST_SUITE("gpu" * doctest::skip()) {
     CHECK(gpu_plan.graphs_recorded() == 1);
   }
 
+  // Rows picked many times add by atomics: to rounding. A bad index the
+  // kernel finds is the next wait's IndexError, and the GPU works on.
+  TEST_CASE("gpu: embedding and its gradient on cuda(0) against the CPU; a bad index is raised at the next wait") {
+    if (!gpu_present()) return;
+    seed(12);
+    const Tensor table = random_uniform({50, 24}, -1, 1), dy = random_uniform({8, 40, 24}, -1, 1);
+    for (DType d : {DType::int64, DType::int32, DType::float32}) {
+      CAPTURE(name(d));
+      const Tensor ids = random_uniform({8, 40}, 0, 50).astype(DType::int64).astype(d);
+      const Tensor g_ids = ids.to(cuda(0));
+      CHECK(Tensor(embedding(g_ids, table.to(cuda(0)))).to_vector<float>() == Tensor(embedding(ids, table)).to_vector<float>());
+      const auto got = embedding_backward(g_ids, dy.to(cuda(0)), 50).to_vector<float>();
+      const auto want = embedding_backward(ids, dy, 50).to_vector<float>();
+      for (std::size_t i = 0; i < want.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    }
+    const Tensor bad = array<std::int64_t>({3, 50, 1}).to(cuda(0));
+    CHECK_THROWS_WITH_AS(Tensor(embedding(bad, table.to(cuda(0)))).wait_to_read(),
+                         doctest::Contains("embedding: index 50 (element 1 of the indices, flattened) is not one of the 50 rows"),
+                         IndexError);
+    CHECK(Tensor(embedding(array<std::int64_t>({49}).to(cuda(0)), table.to(cuda(0)))).to_vector<float>() ==
+          Tensor(slice(table, 0, 49, 50)).to_vector<float>());
+  }
+
   TEST_CASE("gpu: reductions, argmax, cumsum, softmax and log_softmax of every dtype on cuda(0) against the CPU") {
     if (!gpu_present()) return;
     auto same = [](const Tensor& on_gpu, const Tensor& on_cpu) {

@@ -1,5 +1,5 @@
 // The pieces of a transformer: Dense on the last axis, options by name,
-// layer_norm and LayerNorm, masked_softmax, batched products in model files
+// layer_norm and LayerNorm, masked_softmax, embedding and Embedding, batched products in model files
 // (MXNet's batch_dot), and an encoder layer that trains to the same losses
 // eagerly and hybridized.
 #include <doctest/doctest.h>
@@ -15,6 +15,27 @@
 
 using namespace hybra;
 namespace nn = hybra::nn;
+
+namespace {
+// The mean squared error of `steps` Adam steps on (x, target), each step's dropout masks set by its number.
+std::vector<double> adam_losses(nn::HybridSequential& net, const Tensor& x, const Tensor& target, int steps) {
+  Trainer trainer(net.collect_params(), "adam", {{"learning_rate", 0.01}});
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    seed(100 + step);
+    Tensor loss;
+    {
+      autograd::record rec;
+      const Tensor d = net(x) - target;
+      loss = mean(d * d);
+      loss.backward();
+    }
+    trainer.step(1);
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+}  // namespace
 
 TEST_CASE("transformer: Dense on the last axis, by named options, is the product with each row of features") {
   nn::Dense dense({.units = 5, .activation = "relu", .flatten = false});
@@ -139,24 +160,7 @@ TEST_CASE("transformer: an encoder layer trains to the same losses eagerly and h
     auto eager = make(norm_first), hybrid = make(norm_first);
     hybrid.hybridize();
     CHECK(test::max_rel_diff(hybrid(x), eager(x)) <= 1e-5);
-    auto train = [&](nn::HybridSequential& net) {
-      Trainer trainer(net.collect_params(), "adam", {{"learning_rate", 0.01}});
-      std::vector<double> losses;
-      for (int step = 0; step < 12; ++step) {
-        seed(100 + step);  // the same dropout masks in both runs
-        Tensor loss;
-        {
-          autograd::record rec;
-          const Tensor d = net(x) - target;
-          loss = mean(d * d);
-          loss.backward();
-        }
-        trainer.step(1);
-        losses.push_back(loss.item<double>());
-      }
-      return losses;
-    };
-    const auto eager_losses = train(eager), hybrid_losses = train(hybrid);
+    const auto eager_losses = adam_losses(eager, x, target, 12), hybrid_losses = adam_losses(hybrid, x, target, 12);
     CHECK(test::max_rel_diff(eager_losses, hybrid_losses) <= 1e-4);
     CHECK(hybrid_losses.back() < 0.5 * hybrid_losses.front());
   }
@@ -210,4 +214,102 @@ TEST_CASE("transformer: a mask keeps a query from the keys it masks, in attentio
   CHECK(test::max_rel_diff(attention(x, ones({2, 5, 5}, DType::uint8)), attention(x)) <= 1e-6);
   CHECK_THROWS_WITH_AS(attention(x, ones({2, 5})),
                        doctest::Contains("mask (2, 5) for input (2, 5, 8) is not (2, 5 or 1, 5)"), ShapeError);
+}
+
+TEST_CASE("transformer: embedding picks rows of its table, and its gradient adds dy into the rows it picked") {
+  const Tensor table = reshape(arange(0, 12, 1, DType::float64), {4, 3});
+  // Any index dtype; floats hold whole numbers (MXNet's data are float32).
+  for (DType d : {DType::int64, DType::int32, DType::uint8, DType::float32}) {
+    CAPTURE(name(d));
+    const Tensor indices = reshape(array<std::int64_t>({3, 0, 3, 1}), {2, 2}).astype(d);
+    const Tensor y = embedding(indices, table);
+    CHECK(y.shape() == Shape{2, 2, 3});
+    CHECK(y.dtype() == DType::float64);
+    CHECK(y.to_vector<double>() == std::vector<double>{9, 10, 11, 0, 1, 2, 9, 10, 11, 3, 4, 5});
+  }
+  // Row 3 is picked twice: its gradient is the sum of both rows of dy; row 2 is picked by none.
+  Tensor w = table.copy();
+  w.attach_grad();
+  const Tensor indices = array<std::int64_t>({3, 0, 3, 1});
+  const Tensor weights = reshape(arange(1, 13, 1, DType::float64), {4, 3});
+  {
+    autograd::record rec;
+    Tensor loss = sum(embedding(indices, w) * weights);
+    loss.backward();
+  }
+  CHECK(w.grad().to_vector<double>() == std::vector<double>{4, 5, 6, 10, 11, 12, 0, 0, 0, 1 + 7, 2 + 8, 3 + 9});
+
+  // The same through a captured graph, forward and backward.
+  auto x = sym::var("x", Shape{4}, DType::int64), t = sym::var("t", Shape{4, 3}, DType::float64);
+  const Symbol picked = embedding(x, t);
+  CHECK(picked.shape() == Shape{4, 3});
+  CHECK(graph::run(graph::trace({picked}), {{"x", indices}, {"t", table}})[0].to_vector<double>() ==
+        Tensor(embedding(indices, table)).to_vector<double>());
+}
+
+TEST_CASE("transformer: an index that is not a row of the table is an IndexError naming it and its place") {
+  const Tensor table = ones({4, 3});
+  for (const auto& [bad, text] : std::vector<std::pair<float, std::string>>{
+           {4, "index 4 (element 1"}, {-1, "index -1 (element 1"}, {1.5f, "index 1.5 (element 1"}}) {
+    CAPTURE(bad);
+    const Tensor indices = array<float>({0, bad, 2});
+    CHECK_THROWS_WITH_AS(Tensor(embedding(indices, table)).wait_to_read(),
+                         doctest::Contains(("embedding: " + text + " of the indices, flattened) is not one of the 4 rows").c_str()),
+                         IndexError);
+    CHECK_THROWS_WITH_AS(embedding_backward(indices, ones({3, 3}), 4).wait_to_read(),
+                         doctest::Contains(("embedding_backward: " + text).c_str()), IndexError);
+  }
+  CHECK_THROWS_WITH_AS(embedding(array<float>({0}), ones({4})),
+                       doctest::Contains("embedding: the table must be 2-d (rows, width), not of shape (4,)"), ShapeError);
+  CHECK_THROWS_WITH_AS(embedding(array<float>({0}), ones({4, 2}, DType::int32)),
+                       doctest::Contains("embedding: the table's dtype is int32; it must be a float dtype"), DTypeError);
+  CHECK_THROWS_WITH_AS(embedding_backward(array<float>({0, 1}), ones({3, 2}), 4),
+                       doctest::Contains("dy of shape (3, 2) for indices of shape (2,)"), ShapeError);
+  CHECK_THROWS_WITH_AS(nn::Embedding({.input_dim = 0, .output_dim = 4}),
+                       doctest::Contains("input_dim and output_dim must be positive, not 0 and 4"), ValueError);
+
+  // Hybridized, the plan's op fails the same way.
+  nn::Embedding layer({.input_dim = 4, .output_dim = 2});
+  layer.initialize();
+  layer.hybridize();
+  CHECK_THROWS_WITH_AS(layer(array<float>({0, 9})).wait_to_read(), doctest::Contains("index 9 (element 1"), IndexError);
+  CHECK_NOTHROW(layer(array<float>({0, 3})).wait_to_read());
+}
+
+// Tokens (float32 indices, as Gluon's data) through Embedding, a transformer
+// encoder layer and a Dense: trained eager and hybridized to the same losses;
+// the table's rows no token picks keep their values; exported as MXNet's
+// Embedding and imported back.
+TEST_CASE("transformer: Embedding trains eager = hybridized under an encoder layer, and exports as MXNet's Embedding") {
+  auto make = [] {
+    nn::HybridSequential net;
+    net.add(nn::Embedding({.input_dim = 12, .output_dim = 8}),
+            nn::TransformerEncoderLayer({.units = 8, .heads = 2, .hidden = 16, .dropout = 0}), nn::Dense(1, "", 40));
+    seed(31);
+    net.initialize();
+    return net;
+  };
+  const Tensor tokens = reshape(array<float>({1, 5, 2, 9, 5, 3, 3, 0, 7, 1, 2, 2, 9, 8, 6, 1, 0, 0, 4, 5}), {4, 5});
+  const Tensor target = reshape(array<float>({1, -1, 0.5, 0}), {4, 1});
+  auto eager = make(), hybrid = make();
+  hybrid.hybridize();
+  const Tensor before = static_cast<nn::Embedding&>(*eager.children()[0]).weight().data().copy();
+  const auto eager_losses = adam_losses(eager, tokens, target, 10), hybrid_losses = adam_losses(hybrid, tokens, target, 10);
+  CHECK(test::max_rel_diff(eager_losses, hybrid_losses) <= 1e-4);
+  CHECK(hybrid_losses.back() < 0.5 * hybrid_losses.front());
+  // Token 10 and 11 appear nowhere: Adam leaves their rows (zero gradients, zero moments) as they were.
+  const Tensor after = static_cast<nn::Embedding&>(*eager.children()[0]).weight().data();
+  CHECK(test::max_rel_diff(slice(after, 0, 10, 12), slice(before, 0, 10, 12)) == 0);
+  CHECK(test::max_rel_diff(slice(after, 0, 0, 10), slice(before, 0, 0, 10)) > 1e-3);
+
+  test::ScratchDir dir;
+  const Tensor want = hybrid(tokens);
+  hybrid.export_model(dir / "tokens");
+  std::ifstream json(dir / "tokens-symbol.json");
+  const std::string text{std::istreambuf_iterator<char>(json), {}};
+  CHECK(text.find("\"Embedding\"") != std::string::npos);
+  CHECK(text.find("\"input_dim\": \"12\"") != std::string::npos);
+  auto imported = nn::SymbolBlock::imports(dir / "tokens-symbol.json", {"data"}, dir / "tokens-0000.params");
+  CHECK(test::max_rel_diff(imported(tokens), want) <= 1e-6);
+  CHECK(static_cast<nn::Embedding&>(*hybrid.children()[0]).settings() == "12 -> 8");
 }

@@ -18,6 +18,8 @@ class DeviceError : public Error { public: using Error::Error; };
 class AxisError : public Error { public: using Error::Error; };
 class OutOfMemory : public Error { public: using Error::Error; };
 class ValueError : public Error { public: using Error::Error; };
+// An index outside what it indexes (an embedding's row).
+class IndexError : public Error { public: using Error::Error; };
 // Generated code the run-time compiler (NVRTC) refused: the message carries
 // its log and the numbered source.
 class CompileError : public Error { public: using Error::Error; };

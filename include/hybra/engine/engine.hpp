@@ -479,6 +479,8 @@ class Engine {
       f->error = std::make_exception_ptr(OutOfMemory(where + e.what()));
     } catch (const ValueError& e) {
       f->error = std::make_exception_ptr(ValueError(where + e.what()));
+    } catch (const IndexError& e) {
+      f->error = std::make_exception_ptr(IndexError(where + e.what()));
     } catch (const std::bad_alloc&) {
       f->error = std::make_exception_ptr(OutOfMemory(where + "out of memory"));
     } catch (const std::exception& e) {

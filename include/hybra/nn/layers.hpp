@@ -226,6 +226,44 @@ class LayerNorm : public HybridBlock<LayerNorm> {
 };
 HYBRA_SEPARABLE_CLASS(HybridBlock<LayerNorm>);
 
+// Gluon's Embedding: a (input_dim, output_dim) weight whose rows the input's
+// indices pick (embedding, ops/embedding.hpp). Options by name:
+//   nn::Embedding({.input_dim = 1000, .output_dim = 64})
+class Embedding : public HybridBlock<Embedding> {
+ public:
+  struct Options {
+    std::int64_t input_dim = 0;
+    std::int64_t output_dim = 0;
+    DType dtype = DType::float32;
+    std::optional<Initializer> weight_initializer = std::nullopt;
+  };
+
+  explicit Embedding(Options options)
+      : HybridBlock("embedding"),
+        weight_(register_parameter("weight", {options.input_dim, options.output_dim}, options.dtype,
+                                   std::move(options.weight_initializer))) {
+    if (options.input_dim <= 0 || options.output_dim <= 0)
+      fail<ValueError>("Embedding: input_dim and output_dim must be positive, not ", options.input_dim, " and ",
+                       options.output_dim);
+    if (!is_floating(options.dtype))
+      fail<DTypeError>("Embedding: dtype ", hybra::name(options.dtype), " is not a float dtype");
+  }
+
+  template <class F>
+  F hybrid_forward(const F& indices) {
+    return embedding(indices, weight_.as<F>());
+  }
+
+  Parameter weight() const { return weight_; }
+  std::string settings() const override {
+    return hybra::detail::concat(weight_.shape()[0], " -> ", weight_.shape()[1]);
+  }
+
+ private:
+  Parameter weight_;
+};
+HYBRA_SEPARABLE_CLASS(HybridBlock<Embedding>);
+
 class Activation : public HybridBlock<Activation> {
  public:
   explicit Activation(std::string act_type) : HybridBlock(act_type), act_type_(std::move(act_type)) {

@@ -44,6 +44,8 @@ namespace constant {
 inline constexpr CUresult success = 0, out_of_memory = 2;
 inline constexpr int attribute_multiprocessors = 16, attribute_major = 75, attribute_minor = 76;
 inline constexpr unsigned stream_non_blocking = 1, event_disable_timing = 2;
+// Pinned host memory every context may use, that kernels read and write in place.
+inline constexpr unsigned host_alloc_mapped = 0x01 | 0x02;
 inline constexpr int capture_mode_thread_local = 1;
 }  // namespace constant
 

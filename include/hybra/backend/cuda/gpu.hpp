@@ -14,7 +14,8 @@
 // A device-side error is reported by the first such wait, naming the op
 // whose work the fence ends. With synchronous ops (HYBRA_CUDA_SYNC=1) the
 // worker waits for the stream after each op instead, so such an error fails
-// the very op that caused it (run_op). The engine reaches all this through
+// the very op that caused it (run_op). Bad input a kernel finds is raised
+// by the first wait after it too (bad_input.hpp). The engine reaches all this through
 // its own interface (engine/gpu_work.hpp), which the end of this file
 // implements.
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,6 +37,7 @@
 
 #include "../../core/device.hpp"
 #include "../../engine/gpu_work.hpp"
+#include "bad_input.hpp"
 #include "driver.hpp"
 #include "memory.hpp"
 
@@ -113,10 +116,48 @@ class Gpu {
 
   // Waits for everything queued on the stream. A failure here is an error a
   // kernel or copy of `what` raised on the device after its launch.
-  void synchronize(std::string_view what) const {
+  void synchronize(std::string_view what) {
     CUresult r = cu_.cuStreamSynchronize(stream_);
     if (r != constant::success)
       fail<DeviceError>("CUDA: the work ", what, " queued on ", device(), " failed on the device: ", cu_.describe(r));
+    if (bad_input_found()) {
+      if (const std::exception_ptr bad = take_bad_input(hybra::detail::concat("the work ", what)))
+        std::rethrow_exception(bad);
+    }
+  }
+
+  // The report this GPU's kernels write bad input into (bad_input.hpp),
+  // made at first use and kept for the process's life: launches and CUDA
+  // graphs hold its address.
+  BadInputReport* bad_input_report() {
+    std::call_once(report_made_, [this] {
+      bind();
+      void* p = nullptr;
+      cu_.check(cu_.cuMemHostAlloc(&p, sizeof(BadInputReport), constant::host_alloc_mapped),
+                "cuMemHostAlloc (the bad input report)");
+      report_.store(new (p) BadInputReport, std::memory_order_release);
+    });
+    return report_.load(std::memory_order_acquire);
+  }
+
+  // Whether a kernel has written the report since it was last taken.
+  bool bad_input_found() const {
+    const BadInputReport* r = report_.load(std::memory_order_acquire);
+    return r && static_cast<const volatile BadInputReport*>(r)->op != 0;
+  }
+
+  // The error of what this GPU's kernels reported since the last call, if
+  // any, raised at a wait for `waited_for`; the report is
+  // cleared for the next finder. Call it only after waiting for the GPU.
+  std::exception_ptr take_bad_input(std::string_view waited_for) {
+    BadInputReport* r = report_.load(std::memory_order_acquire);
+    if (!r) return nullptr;
+    std::lock_guard g(report_mutex_);
+    volatile BadInputReport* written = r;
+    if (written->op == 0) return nullptr;
+    const BadInputReport found{written->op, 0, written->value, written->position, written->bound};
+    written->op = 0;
+    return bad_input_error(found, device(), waited_for);
   }
 
   // Marks the end of the work queued on the stream so far, as the work of
@@ -237,6 +278,9 @@ class Gpu {
   std::uint64_t peers_checked_ = 0;
   std::mutex events_mutex_;
   std::vector<CUevent> free_events_;  // of fences that are gone
+  std::once_flag report_made_;
+  std::atomic<BadInputReport*> report_{nullptr};
+  std::mutex report_mutex_;
 };
 
 // The point on a GPU's stream where the work of one engine op ends. Shared
@@ -266,6 +310,8 @@ class Fence final : public engine::Fence {
             "' failed on the device: ", gpu_.cu_.describe(r),
             " (GPU ops run asynchronously, so an earlier op on it may be the cause; with HYBRA_CUDA_SYNC=1 each "
             "op waits for its work and the one that failed reports it)")));
+      else if (gpu_.bad_input_found())
+        error_ = gpu_.take_bad_input(hybra::detail::concat("the work up to the end of op '", op_, "'"));
     }
     if (error_) std::rethrow_exception(error_);
   }
