@@ -2,7 +2,8 @@
 //
 //   interop export DIR           hybra exports its models into DIR (<name>-symbol.json,
 //                                <name>-0000.params) with <name>-io.params: the input and
-//                                hybra's output, for MXNet to compare with
+//                                hybra's output, for MXNet to compare with; and arrays.npy,
+//                                arrays.npz, for NumPy to read
 //   interop check DIR [IMPORTS]  hybra imports every <name>-symbol.json of DIR and compares
 //                                its output with <name>-io.params (written by the other side);
 //                                each model is imported IMPORTS times (default 1), and each
@@ -115,9 +116,15 @@ void perturb_batch_norms(nn::HybridBase& net) {
   }
 }
 
-void save(nn::HybridBase& net, const hybra::Shape& shape, const fs::path& dir, const std::string& name) {
+// The model's input: uniform in [-1, 1], or whole numbers in [0, tokens) (an embedding's indices, float32 as
+// MXNet's data are).
+void save(nn::HybridBase& net, const hybra::Shape& shape, const fs::path& dir, const std::string& name,
+          std::int64_t tokens = 0) {
   net.initialize(hybra::nn::init::Xavier());
-  Tensor x = hybra::random_uniform(shape, -1, 1);
+  Tensor x = tokens ? hybra::random_uniform(shape, 0, static_cast<double>(tokens))
+                          .astype(hybra::DType::int64)
+                          .astype(hybra::DType::float32)
+                    : hybra::random_uniform(shape, -1, 1);
   net(x);
   perturb_batch_norms(net);
   net.hybridize();
@@ -175,6 +182,16 @@ int export_models(const fs::path& dir) {
   encoder.add(nn::Dense({.units = 8, .flatten = false}),
               nn::TransformerEncoderLayer({.units = 8, .heads = 2, .hidden = 16, .activation = "gelu"}), nn::Dense(3));
   save(encoder, {2, 5, 4}, dir, "transformer_encoder");
+  // Tokens through an embedding table (MXNet's Embedding) into the encoder layer.
+  nn::HybridSequential tokens;
+  tokens.add(nn::Embedding({.input_dim = 20, .output_dim = 8}),
+             nn::TransformerEncoderLayer({.units = 8, .heads = 2, .hidden = 16}), nn::Dense(3));
+  save(tokens, {2, 6}, dir, "token_encoder", 20);
+  // NumPy's array files: NumPy reads what hybra writes (tests/data/numpy: hybra reads NumPy's).
+  const Tensor quarters = hybra::reshape(hybra::arange(0, 6, 1, hybra::DType::float32) / 4, {2, 3});
+  const Tensor longs = hybra::array<std::int64_t>({-3, 0, 7, std::int64_t{1} << 40});
+  hybra::io::save_npy(dir / "arrays.npy", quarters);
+  hybra::io::save_npz(dir / "arrays.npz", std::vector<std::pair<std::string, Tensor>>{{"quarters", quarters}, {"longs", longs}});
   return 0;
 }
 

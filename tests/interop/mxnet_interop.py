@@ -5,7 +5,8 @@
                                 <name>-symbol.json, <name>-0000.params, and <name>-io.params
                                 (the input and MXNet's output, for the other side to compare with)
   mxnet_interop.py check DIR    MXNet imports the models hybra exported into DIR and
-                                compares its outputs with hybra's <name>-io.params
+                                compares its outputs with hybra's <name>-io.params; NumPy
+                                reads hybra's arrays.npy and arrays.npz
 
 Besides small models of hybra's own tests, every family of MXNet's vision model zoo, built by the zoo's
 own classes: with narrow widths and small inputs where the classes take them (the 4096-wide Dense layers
@@ -57,6 +58,13 @@ def preactivation():
     return net, (2, 3, 10, 10)
 
 
+def embedding():
+    # Tokens: whole numbers as float32, as Gluon's data are.
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Embedding(20, 8), gluon.nn.Dense(6, activation="tanh"), gluon.nn.Dense(3))
+    return net, (2, 7), 20
+
+
 @contextlib.contextmanager
 def dense_at_most(units):
     """Gluon's Dense layers made in this block have at most `units` outputs."""
@@ -105,7 +113,7 @@ ZOO = {
     "inceptionv3": lambda: (vision.Inception3(classes=10), (1, 3, 299, 299)),
 }
 
-MODELS = dict({"mlp": mlp, "convnet": convnet, "preactivation": preactivation}, **ZOO)
+MODELS = dict({"mlp": mlp, "convnet": convnet, "preactivation": preactivation, "embedding": embedding}, **ZOO)
 
 
 def relative_difference(got, want):
@@ -121,11 +129,14 @@ def export(directory, names):
     for name, make in MODELS.items():
         if names and name not in names:
             continue
-        net, shape = make()
+        net, shape, *tokens = make()
         # He's initialisation keeps deep ReLU networks' outputs from vanishing (Xavier's would leave
         # MobileNet's near 1e-15, where any answer would pass).
         net.initialize(mx.init.MSRAPrelu() if name in ZOO else mx.init.Xavier())
-        x = nd.array(np.random.uniform(-1, 1, shape).astype(np.float32))
+        if tokens:
+            x = nd.array(np.random.randint(0, tokens[0], shape).astype(np.float32))
+        else:
+            x = nd.array(np.random.uniform(-1, 1, shape).astype(np.float32))
         net(x)
         # BatchNorm parameters and running statistics that are not 1, 0, 0 and 1, so that they matter.
         for key, p in net.collect_params().items():
@@ -144,7 +155,22 @@ def export(directory, names):
         print("mxnet exported %s: output %s" % (name, y.shape))
 
 
+def check_arrays(directory):
+    """NumPy reads the .npy and .npz files hybra wrote (interop.cpp writes these values)."""
+    quarters = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
+    longs = np.array([-3, 0, 7, 2**40], dtype=np.int64)
+    single = np.load(os.path.join(directory, "arrays.npy"))
+    archive = np.load(os.path.join(directory, "arrays.npz"))
+    if not (single.dtype == np.float32 and np.array_equal(single, quarters)):
+        sys.exit("numpy read hybra's arrays.npy as %s %r" % (single.dtype, single))
+    if sorted(archive.files) != ["longs", "quarters"] or not np.array_equal(archive["quarters"], quarters) \
+            or not (archive["longs"].dtype == np.int64 and np.array_equal(archive["longs"], longs)):
+        sys.exit("numpy read hybra's arrays.npz as %r" % {k: archive[k] for k in archive.files})
+    print("numpy read hybra's arrays.npy and arrays.npz")
+
+
 def check(directory):
+    check_arrays(directory)
     names = sorted(f[: -len("-symbol.json")] for f in os.listdir(directory) if f.endswith("-symbol.json"))
     if not names:
         sys.exit("no *-symbol.json in %s" % directory)

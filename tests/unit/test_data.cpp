@@ -2,7 +2,8 @@
 // file can be malformed), Fashion-MNIST (crafted files that do not belong
 // together, and the real dataset, which scripts/setup.sh installs), and the
 // DataLoader (order, shuffling per seed and epoch, the last batch, prefetching
-// on a worker thread, leaving an epoch early, failures reaching the loop).
+// on a worker thread, leaving an epoch early, failures reaching the loop),
+// and NumPy's .npy and .npz files (NumPy's own, hybra's, malformed ones).
 #include <doctest/doctest.h>
 #include <zlib.h>
 
@@ -13,10 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <hybra/data.hpp>
+#include <hybra/eager.hpp>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <optional>
 #include <ranges>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -617,4 +621,279 @@ TEST_CASE("DataLoader and ArrayDataset: invalid arguments") {
   const data::ArrayDataset set = numbered(10);
   data::DataLoader part(data::ArrayDataset(slice(set.data(), 0, 4, 10), slice(set.labels(), 0, 4, 10)), 4);
   CHECK(epoch(part) == Labels{{4, 5, 6, 7}, {8, 9}});
+}
+
+namespace {
+fs::path numpy_file(const std::string& name) { return fs::path(HYBRA_TEST_DATA_DIR) / "numpy" / name; }
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+}  // namespace
+
+// The files of tests/data/numpy were written by NumPy 1.23.5 (make.py there).
+TEST_CASE("npy: NumPy's files of every dtype hybra has, C and Fortran order, big-endian, 0-d and empty") {
+  const Tensor a = io::load_npy(numpy_file("float32_2x3.npy"));
+  CHECK(a.dtype() == DType::float32);
+  CHECK(a.shape() == Shape{2, 3});
+  CHECK(a.to_vector<float>() == std::vector<float>{0, 0.25f, 0.5f, 0.75f, 1, 1.25f});
+  const Tensor b = io::load_npy(numpy_file("int64_4.npy"));
+  CHECK(b.to_vector<std::int64_t>() == std::vector<std::int64_t>{-3, 0, 7, std::int64_t{1} << 40});
+  const Tensor f = io::load_npy(numpy_file("float64_fortran_2x3.npy"));
+  CHECK(f.shape() == Shape{2, 3});
+  CHECK(f.to_vector<double>() == std::vector<double>{0.5, 1.5, 2.5, 3.5, 4.5, 5.5});
+  const Tensor big = io::load_npy(numpy_file("int32_big_endian_3.npy"));
+  CHECK(big.dtype() == DType::int32);
+  CHECK(big.to_vector<std::int32_t>() == std::vector<std::int32_t>{1, -2, 65536});
+  const Tensor flags = io::load_npy(numpy_file("bool_2x2.npy"));
+  CHECK(flags.dtype() == DType::uint8);
+  CHECK(flags.to_vector<int>() == std::vector<int>{1, 0, 0, 1});
+  const Tensor scalar = io::load_npy(numpy_file("float64_scalar.npy"));
+  CHECK(scalar.shape() == Shape{});
+  CHECK(scalar.item<double>() == 2.25);
+  CHECK(io::load_npy(numpy_file("uint8_0x3.npy")).shape() == Shape{0, 3});
+  CHECK_THROWS_WITH_AS(io::load_npy(numpy_file("int16_2.npy")),
+                       contains("int16_2.npy': offset 10: dtype '<i2' has no hybra dtype"), DTypeError);
+}
+
+TEST_CASE("npy: hybra writes the bytes NumPy writes, and reads back every dtype and views") {
+  ScratchDir dir;
+  for (const char* name : {"float32_2x3.npy", "int64_4.npy", "float64_scalar.npy", "uint8_0x3.npy"}) {
+    CAPTURE(name);
+    io::save_npy(dir / name, io::load_npy(numpy_file(name)));
+    CHECK(file_bytes(dir / name) == file_bytes(numpy_file(name)));
+  }
+  const Tensor x = reshape(arange(0, 24, 1, DType::float64), {2, 3, 4});
+  for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8}) {
+    CAPTURE(name(d));
+    const Tensor view = transpose(x.astype(d), {2, 0, 1});  // not contiguous: written row-major
+    io::save_npy(dir / "v.npy", view);
+    const Tensor back = io::load_npy(dir / "v.npy");
+    CHECK(back.dtype() == d);
+    CHECK(back.shape() == Shape{4, 2, 3});
+    CHECK(back.to_vector<double>() == view.to_vector<double>());
+    CHECK((file_bytes(dir / "v.npy").size() - 24 * size_of(d)) % 64 == 0);  // the values start on a 64-byte boundary
+  }
+}
+
+TEST_CASE("npz: np.savez and np.savez_compressed archives, and hybra's, read back under np.load's names") {
+  for (const char* name : {"arrays.npz", "arrays_compressed.npz"}) {
+    CAPTURE(name);
+    const auto arrays = io::load_npz(numpy_file(name));
+    REQUIRE(arrays.size() == 2);
+    CHECK(arrays[0].first == "x");
+    CHECK(arrays[0].second.to_vector<float>() == std::vector<float>{0, 1, 2, 3});
+    CHECK(arrays[0].second.shape() == Shape{2, 2});
+    CHECK(arrays[1].first == "y");
+    CHECK(arrays[1].second.to_vector<std::int32_t>() == std::vector<std::int32_t>{5, 6, 7});
+  }
+  ScratchDir dir;
+  const std::vector<std::pair<std::string, Tensor>> mine{{"weights", random_normal({3, 4})},
+                                                          {"labels", array<std::int64_t>({1, 2})}};
+  io::save_npz(dir / "mine.npz", mine);
+  const auto back = io::load_npz(dir / "mine.npz");
+  REQUIRE(back.size() == 2);
+  CHECK(back[0].first == "weights");
+  CHECK(back[0].second.to_vector<float>() == mine[0].second.to_vector<float>());
+  CHECK(back[1].second.to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 2});
+  CHECK_THROWS_WITH_AS(io::save_npz(dir / "twice.npz", std::vector<std::pair<std::string, Tensor>>{
+                                                           {"a", ones({1})}, {"a", ones({2})}}),
+                       contains("save_npz: two arrays are named 'a'"), ValueError);
+  CHECK_FALSE(fs::exists(dir / "twice.npz"));
+}
+
+TEST_CASE("npy and npz: a malformed file is a FormatError naming the file, the member and the offset") {
+  ScratchDir dir;
+  const std::string good = file_bytes(numpy_file("float32_2x3.npy"));
+  write_raw(dir / "magic.npy", "NUMPY" + good.substr(5));
+  CHECK_THROWS_WITH_AS(io::load_npy(dir / "magic.npy"), contains("magic.npy': offset 0: not a .npy file"), io::FormatError);
+  write_raw(dir / "short.npy", good.substr(0, good.size() - 4));
+  CHECK_THROWS_WITH_AS(io::load_npy(dir / "short.npy"),
+                       contains("short.npy': offset 128: shape (2, 3) needs 24 bytes of values, the file has 20"),
+                       io::FormatError);
+  write_raw(dir / "header.npy", good.substr(0, 40));
+  CHECK_THROWS_WITH_AS(io::load_npy(dir / "header.npy"), contains("offset 8: a header of 118 bytes runs past the end"),
+                       io::FormatError);
+  std::string structured = good;
+  structured.replace(structured.find("'<f4'"), 5, "[('a'");
+  write_raw(dir / "structured.npy", structured);
+  CHECK_THROWS_WITH_AS(io::load_npy(dir / "structured.npy"), contains("is not a simple dtype string"), io::FormatError);
+  CHECK_THROWS_AS(io::load_npy(dir / "missing.npy"), io::FileError);
+
+  // A flipped byte in a member's values fails its CRC-32; a cut archive has no end record.
+  std::string archive = file_bytes(numpy_file("arrays.npz"));
+  const std::size_t values = archive.find("NUMPY") + 200;
+  archive[values] = static_cast<char>(archive[values] ^ 1);
+  write_raw(dir / "flipped.npz", archive);
+  CHECK_THROWS_WITH_AS(io::load_npz(dir / "flipped.npz"), contains("fails its CRC-32 check"), io::FormatError);
+  write_raw(dir / "cut.npz", file_bytes(numpy_file("arrays.npz")).substr(0, 300));
+  CHECK_THROWS_WITH_AS(io::load_npz(dir / "cut.npz"), contains("cut.npz': offset 300: no ZIP end-of-central-directory record"),
+                       io::FormatError);
+  // A member's own errors name the member.
+  const std::vector<std::pair<std::string, Tensor>> one{{"x", ones({2})}};
+  io::save_npz(dir / "one.npz", one);
+  std::string bad = file_bytes(dir / "one.npz");
+  bad.replace(bad.find("'<f4'"), 5, "'<i2'");
+  write_raw(dir / "bad.npz", bad);
+  CHECK_THROWS_AS(io::load_npz(dir / "bad.npz"), io::FormatError);  // the CRC-32 sees the change first
+}
+
+namespace {
+// A user's own dataset: sample i is a 2x3 image whose every pixel is i, labelled i % 4.
+class Constant : public data::Dataset {
+ public:
+  explicit Constant(std::size_t n) : n_(n) {}
+  std::size_t size() const override { return n_; }
+  data::Sample item(std::size_t i) const override {
+    return {full({1, 2, 3}, static_cast<float>(i)), full({}, static_cast<std::int32_t>(i % 4), DType::int32)};
+  }
+
+ private:
+  std::size_t n_;
+};
+}  // namespace
+
+TEST_CASE("Dataset: a user's dataset and a FunctionDataset batch as an ArrayDataset does, with any number of workers") {
+  data::DataLoader loader(Constant(10), 4, {.shuffle = true, .seed = 2});
+  std::vector<float> seen;
+  for (auto& [X, y] : loader) {
+    CHECK(X.shape() == Shape{X.shape()[0], 1, 2, 3});
+    const auto pixels = X.to_vector<float>();
+    const auto labels = y.to_vector<std::int32_t>();
+    for (std::size_t r = 0; r < labels.size(); ++r) {
+      CHECK(pixels[r * 6] == pixels[r * 6 + 5]);
+      CHECK(labels[r] == static_cast<std::int32_t>(pixels[r * 6]) % 4);
+      seen.push_back(pixels[r * 6]);
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+
+  // The same batches, made by the consumer, one worker or four.
+  const data::FunctionDataset made(37, [](std::size_t i) {
+    return data::Sample{array<float>({static_cast<float>(i), -static_cast<float>(i)}), array<std::int64_t>({std::int64_t(i)})};
+  });
+  auto batches = [&](std::size_t workers, std::size_t prefetch) {
+    data::DataLoader l(made, 5, {.shuffle = true, .seed = 4, .prefetch = prefetch, .workers = workers});
+    std::vector<std::vector<float>> all;
+    for (int e = 0; e < 2; ++e)
+      for (auto& [X, y] : l) all.push_back(X.to_vector<float>());
+    return all;
+  };
+  const auto alone = batches(0, 2);
+  CHECK(alone.size() == 16);
+  for (const auto& [workers, prefetch] : {std::pair<std::size_t, std::size_t>{1, 2}, {4, 2}, {4, 8}, {3, 100}}) {
+    CAPTURE(workers);
+    CAPTURE(prefetch);
+    CHECK(batches(workers, prefetch) == alone);
+  }
+
+  // Samples of different shapes cannot be stacked.
+  const data::FunctionDataset ragged(3, [](std::size_t i) { return data::Sample{zeros({static_cast<std::int64_t>(i) + 1}), zeros({})}; });
+  data::DataLoader ragged_loader(ragged, 3, {.workers = 2});
+  CHECK_THROWS_WITH_AS(ragged_loader.begin(),
+                       contains("DataLoader: the input of sample 1 is (2,) float32, that of sample 0 in the same batch (1,) "
+                                "float32: a batch stacks samples of one shape"),
+                       ShapeError);
+  CHECK_THROWS_WITH_AS(data::FunctionDataset(3, nullptr), contains("no function to make samples with"), ValueError);
+}
+
+TEST_CASE("transforms: ToTensor, Normalize, RandomFlipLeftRight and RandomCrop, run by the workers per sample and epoch") {
+  data::SampleRandom random(1, 0, 0);
+  // A 2x3 RGB image, (height, width, channels) uint8.
+  const Tensor hwc = array<std::uint8_t>({0, 255, 51, 102, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255}, Shape{2, 3, 3});
+  const Tensor chw = data::transforms::ToTensor()(hwc, random);
+  CHECK(chw.shape() == Shape{3, 2, 3});
+  const auto v = chw.to_vector<float>();
+  CHECK(v[0] == 0.0f);
+  CHECK(v[1] == 0.4f);         // the red of pixel (0, 1)
+  CHECK(v[6] == 1.0f);         // the green of pixel (0, 0)
+  CHECK(v[12] == 0.2f);        // the blue of pixel (0, 0)
+  CHECK(v[17] == 1.0f);        // the blue of pixel (1, 2)
+  const Tensor normal = data::transforms::Normalize({0.5, 0, 1}, {0.5, 2, 1})(chw, random);
+  CHECK(normal.to_vector<float>()[0] == -1.0f);
+  CHECK(normal.to_vector<float>()[6] == 0.5f);
+  CHECK(normal.to_vector<float>()[12] == doctest::Approx(0.2 - 1));
+
+  const Tensor image = reshape(arange(1, 13, 1), {1, 3, 4});
+  int flipped = 0;
+  for (std::uint64_t sample = 0; sample < 200; ++sample) {
+    data::SampleRandom r(9, 0, sample);
+    const auto out = data::transforms::RandomFlipLeftRight()(image, r).to_vector<float>();
+    if (out[0] == 4) {
+      CHECK(out == std::vector<float>{4, 3, 2, 1, 8, 7, 6, 5, 12, 11, 10, 9});
+      ++flipped;
+    }
+  }
+  CHECK(flipped > 70);
+  CHECK(flipped < 130);
+  // A 2x2 window of the image padded by 1: every place appears, zeros where it reaches the padding.
+  std::set<std::vector<float>> windows;
+  for (std::uint64_t sample = 0; sample < 300; ++sample) {
+    data::SampleRandom r(9, 1, sample);
+    windows.insert(data::transforms::RandomCrop(2, 2, 1)(image, r).to_vector<float>());
+  }
+  CHECK(windows.size() == 4 * 5);
+  CHECK_FALSE(windows.contains(std::vector<float>{0, 0, 0, 0}));  // a window always holds a pixel
+  CHECK(windows.contains(std::vector<float>{0, 0, 0, 1}));     // the top left corner, padded
+  CHECK(windows.contains(std::vector<float>{6, 7, 10, 11}));    // inside
+  CHECK(windows.contains(std::vector<float>{12, 0, 0, 0}));     // the bottom right corner, padded
+  CHECK_THROWS_WITH_AS(data::transforms::RandomCrop(5, 5)(image, random), contains("a 5x5 window does not fit an image of 3x4"),
+                       ShapeError);
+  CHECK_THROWS_AS(data::transforms::Normalize({0.5}, {0})(image, random), ValueError);
+  CHECK_THROWS_WITH_AS(data::transforms::Normalize({0, 0}, {1, 1})(image, random), contains("2 means for an image of 1 channels"),
+                       ShapeError);
+
+  // Through a loader: each sample's crop and flip depend on the seed, the epoch and the sample, not on the workers.
+  const data::ArrayDataset images(reshape(arange(0, 8 * 12, 1), {8, 1, 3, 4}), arange(0, 8, 1, DType::int32));
+  const data::Transform augment =
+      data::transforms::Compose({data::transforms::RandomCrop(3, 4, 1), data::transforms::RandomFlipLeftRight()});
+  auto run = [&](std::size_t workers) {
+    data::DataLoader l(images, 3, {.shuffle = true, .seed = 6, .workers = workers, .transform = augment});
+    std::vector<std::vector<float>> all;
+    for (int e = 0; e < 2; ++e)
+      for (auto& [X, y] : l) {
+        CHECK(X.shape()[1] == 1);
+        all.push_back(X.to_vector<float>());
+      }
+    return all;
+  };
+  const auto alone = run(0);
+  CHECK(run(3) == alone);
+  CHECK(std::vector<std::vector<float>>(alone.begin(), alone.begin() + 3) !=
+        std::vector<std::vector<float>>(alone.begin() + 3, alone.end()));  // another epoch, other crops
+}
+
+TEST_CASE("from_blob: a user's memory as a tensor, without a copy; its release runs when the last tensor is gone") {
+  std::vector<float> memory{1, 2, 3, 4, 5, 6};
+  int released = 0;
+  {
+    Tensor t = from_blob(memory.data(), {2, 3}, [&](void* p) {
+      CHECK(p == memory.data());
+      ++released;
+    });
+    CHECK(t.raw_data() == memory.data());
+    Tensor doubled = t * 2;
+    t.assign(t + 10);  // written in place
+    waitall();
+    CHECK(memory == std::vector<float>{11, 12, 13, 14, 15, 16});
+    CHECK(doubled.to_vector<float>() == std::vector<float>{2, 4, 6, 8, 10, 12});
+    const Tensor row = slice(t, 0, 1, 2);  // a view keeps the memory
+    t = Tensor();
+    CHECK(released == 0);
+    CHECK(row.to_vector<float>() == std::vector<float>{14, 15, 16});
+  }
+  CHECK(released == 1);
+  // Borrowed: no release; a dataset over it batches without a copy of its own.
+  std::vector<std::int64_t> labels{0, 1, 2};
+  const data::ArrayDataset set(from_blob(memory.data(), {3, 2}), from_blob(labels.data(), {3}));
+  data::DataLoader loader(set, 3);
+  CHECK((*loader.begin()).first.to_vector<float>() == memory);
+  CHECK_THROWS_WITH_AS(from_blob(reinterpret_cast<char*>(memory.data()) + 2, {2}, DType::float32),
+                       contains("is not aligned to float32's 4 bytes"), ValueError);
+  CHECK_THROWS_WITH_AS(from_blob(static_cast<float*>(nullptr), {2}), contains("from_blob: a null pointer for shape (2,)"),
+                       ValueError);
+  CHECK_THROWS_WITH_AS(from_blob(memory.data(), {2}, {}, cuda(0)), contains("from_blob: cuda(0) is not a CPU device"),
+                       DeviceError);
 }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <initializer_list>
 #include <type_traits>
 #include <vector>
@@ -115,6 +117,31 @@ Tensor array(std::initializer_list<std::initializer_list<T>> rows) {
     values.insert(values.end(), r);
   }
   return array(values, Shape{static_cast<std::int64_t>(rows.size()), cols});
+}
+
+// A tensor over `shape` elements of `dtype` at `data`, row-major, without a
+// copy (LibTorch's from_blob): host memory of a CPU device, aligned to the
+// dtype's size. hybra's ops read and write it in place, asynchronously: wait
+// for them (wait_to_read, waitall) before the caller touches it. `release`,
+// if given, is called with `data` once the last tensor over it is gone;
+// without it, the caller keeps the memory alive as long as any tensor or op
+// uses it. A view of it (slice, transpose) shares it; copy() makes a tensor
+// of hybra's own.
+inline Tensor from_blob(void* data, const Shape& shape, DType dtype, std::function<void(void*)> release = {},
+                        Device device = cpu()) {
+  const auto n = static_cast<std::size_t>(checked_numel(shape, "from_blob"));
+  if (!data && n != 0) fail<ValueError>("from_blob: a null pointer for shape ", to_string(shape));
+  if (reinterpret_cast<std::uintptr_t>(data) % size_of(dtype) != 0)
+    fail<ValueError>("from_blob: address ", data, " is not aligned to ", name(dtype), "'s ", size_of(dtype), " bytes");
+  if (n > std::numeric_limits<std::size_t>::max() / size_of(dtype))
+    fail<ShapeError>("from_blob: shape ", to_string(shape), " of ", name(dtype), " overflows the address space");
+  auto storage = std::make_shared<Storage>(data, n * size_of(dtype), device, std::move(release));
+  return Tensor::from_storage(std::move(storage), shape, dtype, 0);
+}
+template <class T>
+Tensor from_blob(T* data, const Shape& shape, std::function<void(void*)> release = {}, Device device = cpu()) {
+  static_assert(is_dtype_v<T>, "hybra::from_blob: element type must be float, double, std::int32_t, std::int64_t or std::uint8_t");
+  return from_blob(static_cast<void*>(data), shape, dtype_of_v<T>, std::move(release), device);
 }
 
 namespace detail {

@@ -50,6 +50,24 @@ inline Strides contiguous_strides(const Shape& s) {
   return st;
 }
 
+// Calls visit(at) for each element of `shape` in row-major order, `at` its
+// offset through `strides` (in elements): how a view's values are read in
+// order (a file's bytes, a batch's rows).
+template <class Visit>
+void for_each_offset(const Shape& shape, const Strides& strides, Visit&& visit) {
+  Shape index(shape.size(), 0);
+  std::int64_t at = 0;
+  for (std::int64_t n = checked_numel(shape); n > 0; --n) {
+    visit(at);
+    for (std::size_t axis = shape.size(); axis-- > 0;) {
+      at += strides[axis];
+      if (++index[axis] < shape[axis]) break;
+      at -= strides[axis] * shape[axis];
+      index[axis] = 0;
+    }
+  }
+}
+
 inline Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op) {
   Shape out(std::max(a.size(), b.size()));
   for (std::size_t i = 0; i < out.size(); ++i) {

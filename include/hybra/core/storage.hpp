@@ -2,10 +2,13 @@
 // A reference-counted buffer on one device, with the engine var that orders
 // the ops reading and writing it (engine/var.hpp, which needs nothing from
 // core but its errors): 64-byte aligned host memory for cpu(i), a block of
-// the GPU's caching allocator for cuda(i) (backend/cuda/memory.hpp). A meta
-// storage allocates nothing.
+// the GPU's caching allocator for cuda(i) (backend/cuda/memory.hpp), or
+// host memory someone else allocated (a user's buffer wrapped without a
+// copy, from_blob), handed back to its release function. A meta storage
+// allocates nothing.
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <new>
 
@@ -35,9 +38,21 @@ class Storage {
     data_ = std::aligned_alloc(alignment, rounded ? rounded : alignment);
     if (!data_) fail<OutOfMemory>("allocate: out of memory allocating ", bytes, " bytes on ", device);
   }
+  // `bytes` at `data`, host memory of a CPU device that hybra did not
+  // allocate: release(data), if given, runs when the last tensor over it is
+  // gone, which is after every op that used it (ops hold their tensors).
+  Storage(void* data, std::size_t bytes, Device device, std::function<void(void*)> release)
+      : data_(data), bytes_(bytes), device_(device), release_(std::move(release)), external_(true) {
+    if (device.kind != DeviceKind::cpu || device.id < 0 || device.id >= max_cpu_devices)
+      fail<DeviceError>("from_blob: ", device, " is not a CPU device; it wraps host memory (copy to a GPU with .to())");
+  }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   ~Storage() {
+    if (external_) {
+      if (release_) release_(data_);
+      return;
+    }
     if (gpu_memory_) {
       // Work of this GPU that may still use the block runs before whatever
       // the block is handed to next (CachingAllocator::release); another
@@ -66,6 +81,8 @@ class Storage {
   backend::cuda::CachingAllocator* gpu_memory_ = nullptr;  // set for cuda(i)
   std::size_t bytes_;
   Device device_;
+  std::function<void(void*)> release_;  // of external memory
+  bool external_ = false;
   engine::Var var_;
 };
 

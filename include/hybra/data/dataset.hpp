@@ -1,14 +1,31 @@
 #pragma once
-// A dataset held in memory, as Gluon's ArrayDataset(data, label): sample i is
-// row i (along the first axis) of the inputs and of the labels.
+// Datasets, as Gluon's: a Dataset has a size and an item(i), a sample (its
+// input and its label); the DataLoader batches any of them. ArrayDataset
+// holds its samples as the rows of two tensors in memory (Gluon's
+// ArrayDataset), FunctionDataset makes each sample with a user's function
+// (a file per sample, a generator). A loader's workers call item() from
+// several threads at once, so it must be safe to call concurrently.
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <utility>
 
 #include "../core/tensor.hpp"
 
 namespace hybra::data {
 
-class ArrayDataset {
+// A sample: its input and its label.
+using Sample = std::pair<Tensor, Tensor>;
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual std::size_t size() const = 0;
+  // Sample i, 0 <= i < size().
+  virtual Sample item(std::size_t i) const = 0;
+};
+
+class ArrayDataset : public Dataset {
  public:
   // `data` and `labels` must have the same number of rows. They must be
   // contiguous: loaders copy whole rows out of them with memcpy.
@@ -20,7 +37,12 @@ class ArrayDataset {
                        " samples but labels of shape ", to_string(labels_.shape()), " have ", labels_.shape()[0]);
   }
 
-  std::size_t size() const { return static_cast<std::size_t>(data_.shape()[0]); }
+  std::size_t size() const override { return static_cast<std::size_t>(data_.shape()[0]); }
+  // Row i of the data and of the labels, as views of them.
+  Sample item(std::size_t i) const override {
+    if (i >= size()) fail<ValueError>("ArrayDataset: sample ", i, " of ", size());
+    return {row(data_, i), row(labels_, i)};
+  }
   const Tensor& data() const { return data_; }
   const Tensor& labels() const { return labels_; }
 
@@ -32,9 +54,31 @@ class ArrayDataset {
       fail<ValueError>("ArrayDataset: ", what, " of shape ", to_string(t.shape()),
                        " is a non-contiguous view; call contiguous() first");
   }
+  static Tensor row(const Tensor& t, std::size_t i) {
+    const Shape shape(t.shape().begin() + 1, t.shape().end());
+    const Strides strides(t.strides().begin() + 1, t.strides().end());
+    return t.view(shape, strides, t.offset() + static_cast<std::int64_t>(i) * t.strides()[0]);
+  }
 
   Tensor data_;
   Tensor labels_;
+};
+
+// A dataset of `size` samples that `make(i)` makes when the loader asks.
+class FunctionDataset : public Dataset {
+ public:
+  FunctionDataset(std::size_t size, std::function<Sample(std::size_t)> make) : size_(size), make_(std::move(make)) {
+    if (!make_) fail<ValueError>("FunctionDataset: no function to make samples with");
+  }
+  std::size_t size() const override { return size_; }
+  Sample item(std::size_t i) const override {
+    if (i >= size_) fail<ValueError>("FunctionDataset: sample ", i, " of ", size_);
+    return make_(i);
+  }
+
+ private:
+  std::size_t size_;
+  std::function<Sample(std::size_t)> make_;
 };
 
 }  // namespace hybra::data

@@ -48,20 +48,8 @@ inline void append_values(std::string& out, const Tensor& t) {
     out.append(origin, static_cast<std::size_t>(t.size()) * element);
     return;
   }
-  // An odometer over the indices; `at` is the element offset of the current index.
-  const Shape& shape = t.shape();
-  const Strides& strides = t.strides();
-  Shape index(shape.size(), 0);
-  std::int64_t at = 0;
-  for (std::int64_t n = t.size(); n > 0; --n) {
-    out.append(origin + at * static_cast<std::int64_t>(element), element);
-    for (std::size_t axis = shape.size(); axis-- > 0;) {
-      at += strides[axis];
-      if (++index[axis] < shape[axis]) break;
-      at -= strides[axis] * shape[axis];
-      index[axis] = 0;
-    }
-  }
+  for_each_offset(t.shape(), t.strides(),
+                  [&](std::int64_t at) { out.append(origin + at * static_cast<std::int64_t>(element), element); });
 }
 }  // namespace detail
 
