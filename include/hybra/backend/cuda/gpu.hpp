@@ -140,10 +140,12 @@ class Gpu {
     return report_.load(std::memory_order_acquire);
   }
 
-  // Whether a kernel has written the report since it was last taken.
+  // Whether a kernel has written the report since it was last taken. Its
+  // `op` word is read and cleared atomically: threads waiting on fences of
+  // this GPU may look at once.
   bool bad_input_found() const {
-    const BadInputReport* r = report_.load(std::memory_order_acquire);
-    return r && static_cast<const volatile BadInputReport*>(r)->op != 0;
+    BadInputReport* r = report_.load(std::memory_order_acquire);
+    return r && std::atomic_ref<std::uint32_t>(r->op).load(std::memory_order_acquire) != 0;
   }
 
   // The error of what this GPU's kernels reported since the last call, if
@@ -153,10 +155,10 @@ class Gpu {
     BadInputReport* r = report_.load(std::memory_order_acquire);
     if (!r) return nullptr;
     std::lock_guard g(report_mutex_);
-    volatile BadInputReport* written = r;
-    if (written->op == 0) return nullptr;
-    const BadInputReport found{written->op, 0, written->value, written->position, written->bound};
-    written->op = 0;
+    std::atomic_ref<std::uint32_t> op(r->op);
+    if (op.load(std::memory_order_acquire) == 0) return nullptr;
+    const BadInputReport found = *r;
+    op.store(0, std::memory_order_release);
     return bad_input_error(found, device(), waited_for);
   }
 
