@@ -918,6 +918,7 @@ TEST_CASE("cuda kernels: embedding's gather and scatter-add on simulated threads
     Tensor y({6, 3}, DType::float64), grad = zeros({5, 3}, DType::float64);
     kernels::bad_input_report report{};
     indices.wait_to_read();
+    grad.wait_to_read();  // its zeros are an engine op: written before the simulated threads add into it
     dispatch(d, [&](auto tag) {
       using I = typename decltype(tag)::type;
       const auto* idx = static_cast<const I*>(indices.raw_data());
