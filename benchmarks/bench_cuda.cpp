@@ -175,6 +175,21 @@ void BM_cuda_gemm_cublas(benchmark::State& state, bool tf32) {
 BENCHMARK_CAPTURE(BM_cuda_gemm_cublas, float32, false)->Name("BM_cuda_gemm/cublas")->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_cuda_gemm_cublas, tf32, true)->Name("BM_cuda_gemm/cublas_tf32")->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// fully_connected 4096 x 4096 by 4096 x 4096 with a bias (cuBLASLt's
+// epilogue) in float32, and in float16 and bfloat16 on tensor cores
+// (accumulating in float32): what casting a model to a 16-bit float buys.
+void BM_cuda_dense(benchmark::State& state, DType dtype) {
+  Tensor x = random_uniform({gemm_n, gemm_n}, -1, 1, dtype, cuda(0));
+  Tensor w = random_uniform({gemm_n, gemm_n}, -1, 1, dtype, cuda(0)), b = zeros({gemm_n}, dtype, cuda(0));
+  fully_connected(x, w, b).wait_to_read();
+  for (auto _ : state) fully_connected(x, w, b).wait_to_read();
+  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * gemm_n * gemm_n * gemm_n * state.iterations() / 1e12,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK_CAPTURE(BM_cuda_dense, float32, DType::float32)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_dense, float16, DType::float16)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_cuda_dense, bfloat16, DType::bfloat16)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // The chapter's MLP at batch 1, eager on cuda(0): three products, two
 // bias GEMMs, two ReLU kernels, each an engine op with its stream wait.
 // The chapter's MLP at batch 1: eager (three cuBLASLt GEMMs and two relu

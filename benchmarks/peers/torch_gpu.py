@@ -152,6 +152,13 @@ def main():
         case("gemm/" + ("tf32" if tf32 else "float32"), lambda: torch.mm(ga, gb), flops=2 * GEMM_N ** 3)
     torch.backends.cuda.matmul.allow_tf32 = False
     del ga, gb
+    # bench_cuda's BM_cuda_dense: a linear layer 4096 x 4096 with a bias, per dtype.
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        dx = torch.rand(GEMM_N, GEMM_N, device=dev, dtype=dtype)
+        dw = torch.rand(GEMM_N, GEMM_N, device=dev, dtype=dtype)
+        db = torch.zeros(GEMM_N, device=dev, dtype=dtype)
+        case("dense/" + str(dtype).split(".")[1], lambda: torch.nn.functional.linear(dx, dw, db), flops=2 * GEMM_N ** 3)
+        del dx, dw, db
 
     with torch.no_grad():
         mlp = Mlp(2).to(dev).eval()

@@ -39,6 +39,7 @@
 #include "data.hpp"
 #include "optim/adam.hpp"
 #include "optim/clip.hpp"
+#include "optim/loss_scaler.hpp"
 #include "optim/progress.hpp"
 #include "optim/sgd.hpp"
 #include "optim/trainer.hpp"

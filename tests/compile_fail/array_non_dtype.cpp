@@ -1,4 +1,4 @@
-// expect: hybra::array: element type must be float, double, std::int32_t, std::int64_t or std::uint8_t
+// expect: hybra::array: element type must be float, double, std::int32_t, std::int64_t, std::uint8_t, hybra::float16_t or hybra::bfloat16_t
 #include <hybra/eager.hpp>
 #include <vector>
 

@@ -16,6 +16,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <vector>
+
+#include "hybra/core/half.hpp"
 
 void hybra_fake_cuda_on_stream(void* stream, std::function<void()> work);
 extern "C" bool hybra_fake_cuda_capturing(void* stream);
@@ -110,6 +113,24 @@ void lt_matmul(const MatmulDesc& d, const Layout& la, const Layout& lb, const La
       if (d.epilogue & epilogue_bias) v += bias[i];
       if (d.epilogue & epilogue_relu) v = std::max(v, T(0));
     }
+}
+
+// A product of 16-bit floats H: widened to float, computed, rounded into d.
+template <class H>
+void lt_matmul_16(const MatmulDesc& d, const Layout& la, const Layout& lb, const Layout& ld, float alpha, const void* a,
+                  const void* b, float beta, void* out) {
+  const auto widen = [](const void* p, std::uint64_t n) {
+    std::vector<float> v(n);
+    for (std::uint64_t i = 0; i < n && p; ++i) v[i] = static_cast<float>(static_cast<const H*>(p)[i]);
+    return v;
+  };
+  const auto elements = [](const Layout& l) { return static_cast<std::uint64_t>(l.ld) * l.cols; };
+  const std::vector<float> wa = widen(a, elements(la)), wb = widen(b, elements(lb)), bias = widen(d.bias, ld.rows);
+  std::vector<float> wd = beta != 0 ? widen(out, elements(ld)) : std::vector<float>(elements(ld));
+  MatmulDesc wide = d;
+  wide.bias = d.bias ? bias.data() : nullptr;
+  lt_matmul(wide, la, lb, ld, alpha, wa.data(), wb.data(), beta, wd.data());
+  for (std::uint64_t i = 0; i < wd.size(); ++i) static_cast<H*>(out)[i] = H(wd[i]);
 }
 
 }  // namespace
@@ -231,7 +252,12 @@ int cublasLtMatmul(void* handle, void* desc, const void* alpha, const void* a, v
   ++lt_matmuls;
   (void)handle;
   last_compute = md.compute;
-  if (md.compute == 68 || md.compute == 77)  // CUBLAS_COMPUTE_32F, or its FAST_TF32 (computed in float here)
+  if (la.type == 2 || la.type == 14)  // CUDA_R_16F, CUDA_R_16BF: computed in float here
+    hybra_fake_cuda_on_stream(stream, [=, alpha = *static_cast<const float*>(alpha), beta = *static_cast<const float*>(beta)] {
+      if (la.type == 2) lt_matmul_16<hybra::float16_t>(md, la, lb, ld, alpha, a, b, beta, d);
+      else lt_matmul_16<hybra::bfloat16_t>(md, la, lb, ld, alpha, a, b, beta, d);
+    });
+  else if (md.compute == 68 || md.compute == 77)  // CUBLAS_COMPUTE_32F, or its FAST_TF32 (computed in float here)
     hybra_fake_cuda_on_stream(stream, [=, alpha = *static_cast<const float*>(alpha), beta = *static_cast<const float*>(beta)] {
       lt_matmul(md, la, lb, ld, alpha, static_cast<const float*>(a), static_cast<const float*>(b), beta, static_cast<float*>(d));
     });

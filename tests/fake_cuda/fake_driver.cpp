@@ -342,6 +342,15 @@ CUresult cuMemsetD8Async(unsigned long long dst, unsigned char value, std::size_
   on_stream(stream, [=] { std::memset(reinterpret_cast<void*>(dst), value, elements); });
   return success;
 }
+CUresult cuMemsetD16Async(unsigned long long dst, unsigned short value, std::size_t elements, void* stream) {
+  if (const CUresult r = needs_context("cuMemsetD16Async"); r != success) return r;
+  count("cuMemsetD16Async");
+  on_stream(stream, [=] {
+    auto* p = reinterpret_cast<unsigned short*>(dst);
+    for (std::size_t i = 0; i < elements; ++i) p[i] = value;
+  });
+  return success;
+}
 CUresult cuMemsetD32Async(unsigned long long dst, unsigned value, std::size_t elements, void* stream) {
   if (const CUresult r = needs_context("cuMemsetD32Async"); r != success) return r;
   count("cuMemsetD32Async");

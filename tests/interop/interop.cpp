@@ -192,6 +192,9 @@ int export_models(const fs::path& dir) {
   const Tensor longs = hybra::array<std::int64_t>({-3, 0, 7, std::int64_t{1} << 40});
   hybra::io::save_npy(dir / "arrays.npy", quarters);
   hybra::io::save_npz(dir / "arrays.npz", std::vector<std::pair<std::string, Tensor>>{{"quarters", quarters}, {"longs", longs}});
+  // A float16 parameter file (MXNet's dtype code 2), as a model cast to float16 saves it.
+  const Tensor halves = hybra::array<double>({1, 0.1, -65504, 1e6}).astype(hybra::DType::float16);
+  hybra::io::save_ndarray_list(dir / "float16.params", std::vector<std::pair<std::string, Tensor>>{{"h", halves}});
   return 0;
 }
 

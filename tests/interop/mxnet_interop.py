@@ -167,6 +167,11 @@ def check_arrays(directory):
             or not (archive["longs"].dtype == np.int64 and np.array_equal(archive["longs"], longs)):
         sys.exit("numpy read hybra's arrays.npz as %r" % {k: archive[k] for k in archive.files})
     print("numpy read hybra's arrays.npy and arrays.npz")
+    halves = nd.load(os.path.join(directory, "float16.params"))["h"]
+    want = np.array([1, 0.1, -65504, np.inf], dtype=np.float16)
+    if not (halves.dtype == np.float16 and np.array_equal(halves.asnumpy().view(np.uint16), want.view(np.uint16))):
+        sys.exit("mxnet read hybra's float16.params as %s %r" % (halves.dtype, halves.asnumpy()))
+    print("mxnet read hybra's float16.params")
 
 
 def check(directory):

@@ -237,14 +237,15 @@ TEST_CASE("cuda: a fused program is one kernel, named by its body, with its cons
 }
 
 TEST_CASE("cuda: a conversion between every pair of dtypes compiles to a CUDA kernel for sm_90") {
-  const DType dtypes[] = {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8};
+  const DType dtypes[] = {DType::float32, DType::float64, DType::int32,   DType::int64,
+                          DType::uint8,   DType::float16, DType::bfloat16};
   std::vector<backend::cuda::CudaKernel> kernels;
   for (DType from : dtypes)
     for (DType to : dtypes)
       if (from != to) kernels.push_back(backend::cuda::cuda_convert_kernel(from, to));
   const std::string ptx = backend::cuda::cuda_ptx(backend::cuda::cuda_program(kernels), "conversions.cu");
   for (const auto& k : kernels) CHECK(ptx.find(".entry " + k.name) != std::string::npos);
-  CHECK(kernels.size() == 20);
+  CHECK(kernels.size() == 42);
 }
 
 TEST_CASE("cuda: a broadcast operand or a view is read through its strides, which are constants of the kernel") {

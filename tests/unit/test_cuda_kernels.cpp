@@ -972,4 +972,12 @@ TEST_CASE("cuda kernels: embedding's program compiles for sm_90 for every index 
         CHECK(ptx.find(".entry " + detail::embedding::entry(index, table, kernel) + "(") != std::string::npos);
       CHECK(ptx.find("atom.global.add") != std::string::npos);
     }
+  // A 16-bit table is gathered as it is, by the gather alone (its gradient is summed in float32).
+  for (DType table : {DType::float16, DType::bfloat16}) {
+    CAPTURE(name(table));
+    const std::string program = detail::embedding::program_name(DType::int64, table);
+    const std::string ptx = backend::cuda::cuda_ptx(detail::embedding::cuda_program(DType::int64, table), program + ".cu");
+    CHECK(ptx.find(".entry " + detail::embedding::entry(DType::int64, table, "gather") + "(") != std::string::npos);
+    CHECK(ptx.find("scatter_add") == std::string::npos);
+  }
 }

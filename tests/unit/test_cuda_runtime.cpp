@@ -296,6 +296,46 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
     CHECK(lt_compute() == 68);
   }
 
+  TEST_CASE("cuda fake: float16 and bfloat16 on cuda(0): fills, conversions and ops as on the CPU, Dense on tensor cores") {
+    FakeDriver fake;
+    auto lt_compute = [&] { return fake.cublas_hook<int (*)()>("hybra_fake_cublas_last_compute")(); };
+    auto lt_matmuls = [&] { return fake.cublas_hook<long (*)()>("hybra_fake_cublas_lt_matmuls")(); };
+    for (DType d : {DType::float16, DType::bfloat16}) {
+      CAPTURE(name(d));
+      const long memsets = fake.calls("cuMemsetD16Async");
+      CHECK(full({5}, 1.5, d, cuda(0)).to_vector<float>() == std::vector<float>(5, 1.5f));
+      CHECK(fake.calls("cuMemsetD16Async") == memsets + 1);
+      seed(31);
+      const Tensor x = random_uniform({6, 16}, -1, 1, d), w = random_uniform({4, 16}, -1, 1, d);
+      const Tensor b = random_uniform({4}, -1, 1, d);
+      const Tensor xg = x.to(cuda(0)), wg = w.to(cuda(0)), bg = b.to(cuda(0));
+      CHECK(xg.to(cpu()).to_vector<float>() == x.to_vector<float>());
+      // A conversion is one kernel; an op converts its operand, computes in float32 and converts back (the
+      // stand-in runs no kernel: the launches are what is checked, the values by the `gpu` cases).
+      long launches = fake.calls("cuLaunchKernel");
+      xg.astype(DType::float32).wait_to_read();
+      CHECK(fake.calls("cuLaunchKernel") == launches + 1);
+      launches = fake.calls("cuLaunchKernel");
+      Tensor(exp(xg)).wait_to_read();
+      CHECK(fake.calls("cuLaunchKernel") == launches + 3);
+      launches = fake.calls("cuLaunchKernel");
+      transpose(xg).contiguous().wait_to_read();  // a copy of 2-byte elements
+      CHECK(fake.calls("cuLaunchKernel") == launches + 1);
+      launches = fake.calls("cuLaunchKernel");
+      embedding(array<std::int64_t>({3, 1}, Shape{2}, cuda(0)), xg).wait_to_read();  // the table's bits, gathered
+      CHECK(fake.calls("cuLaunchKernel") == launches + 1);
+      // fully_connected of one 16-bit float is one cuBLASLt product in that type, accumulating in float32.
+      const long products = lt_matmuls();
+      const Tensor y = fully_connected(xg, wg, bg);
+      CHECK(y.dtype() == d);
+      const std::vector<float> got = y.to(cpu()).to_vector<float>(), want = fully_connected(x, w, b).to_vector<float>();
+      CHECK(lt_matmuls() == products + 1);
+      CHECK(lt_compute() == 68);  // CUBLAS_COMPUTE_32F
+      REQUIRE(got.size() == want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(0.02).scale(0.05));
+    }
+  }
+
   TEST_CASE("cuda fake: products go to cuBLAS row-major, transposed views and batches included") {
     seed(11);
     auto same = [](const Tensor& on_gpu, const Tensor& on_cpu) {

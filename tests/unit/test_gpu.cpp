@@ -439,7 +439,8 @@ TEST_SUITE("gpu" * doctest::skip()) {
 
   TEST_CASE("gpu: converting between every pair of dtypes on cuda(0) gives the CPU's values") {
     if (!gpu_present()) return;
-    const DType dtypes[] = {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8};
+    const DType dtypes[] = {DType::float32, DType::float64, DType::int32,   DType::int64,
+                            DType::uint8,   DType::float16, DType::bfloat16};
     seed(5);
     const Tensor values = random_uniform({3, 1000}, 0, 250, DType::float64);  // every dtype holds them
     for (DType from : dtypes)
@@ -450,6 +451,59 @@ TEST_SUITE("gpu" * doctest::skip()) {
         CHECK(on_gpu.astype(to).to_vector<double>() == x.astype(to).to_vector<double>());
         CHECK(transpose(on_gpu).astype(to).to_vector<double>() == transpose(x).astype(to).to_vector<double>());
       }
+  }
+
+  TEST_CASE("gpu: float16 and bfloat16 on cuda(0): the CPU's conversions, ops and a mixed-precision step") {
+    if (!gpu_present()) return;
+    for (DType d : {DType::float16, DType::bfloat16}) {
+      CAPTURE(name(d));
+      seed(41);
+      const Tensor x = random_uniform({64, 96}, -2, 2, DType::float64), w = random_uniform({32, 96}, -1, 1, d);
+      const Tensor b = random_uniform({32}, -1, 1, d);
+      const Tensor xh = x.astype(d), xg = xh.to(cuda(0)), wg = w.to(cuda(0)), bg = b.to(cuda(0));
+      // Conversions round the same bits on both devices (one rounding from float64 too).
+      CHECK(x.to(cuda(0)).astype(d).to(cpu()).to_vector<float>() == xh.to_vector<float>());
+      CHECK(xg.astype(DType::int32).to_vector<int>() == xh.astype(DType::int32).to_vector<int>());
+      // Ops compute in float32 on the GPU too, so they agree with the CPU to float32's rounding, then one rounding.
+      const auto close = [](const Tensor& got, const Tensor& want, double tolerance) {
+        REQUIRE(got.dtype() == want.dtype());
+        const std::vector<double> g = got.to(cpu()).to_vector<double>(), c = want.to_vector<double>();
+        REQUIRE(g.size() == c.size());
+        int far = 0;
+        for (std::size_t i = 0; i < g.size(); ++i) far += std::abs(g[i] - c[i]) > tolerance * (1 + std::abs(c[i]));
+        CHECK(far == 0);
+      };
+      const double ulp = d == DType::float16 ? 1.0 / 1024 : 1.0 / 128;
+      close(tanh(xg * 2 + 1), tanh(xh * 2 + 1), ulp);
+      close(softmax(xg), softmax(xh), ulp);
+      close(sum(xg, {1}), sum(xh, {1}), ulp);
+      // Dense on tensor cores, accumulating in float32.
+      close(fully_connected(xg, wg, bg), fully_connected(xh, w, b), 2 * ulp);
+      // embedding gathers the table's own bits.
+      const Tensor ids = array<std::int64_t>({31, 0, 7, 7});
+      CHECK(embedding(ids.to(cuda(0)), wg).to_vector<float>() == embedding(ids, w).to_vector<float>());
+    }
+    // One mixed-precision step of a float16 MLP on cuda(0) against the same step on the CPU.
+    auto step = [](Device device) {
+      seed(42);
+      nn::HybridSequential net;
+      net.add(nn::Dense({.units = 32, .activation = "relu"}), nn::Dense({.units = 4}));
+      net.initialize(nn::init::Xavier(), device);
+      net(zeros({1, 16}, DType::float32, device));
+      net.cast(DType::float16);
+      Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"multi_precision", 1}});
+      optim::LossScaler scaler;
+      const Tensor x = random_uniform({8, 16}, -1, 1).astype(DType::float16).to(device);
+      {
+        autograd::record r;
+        scaler.scale(sum(net(x) * net(x))).backward();
+      }
+      CHECK(trainer.step(8, scaler));
+      return net.collect_params().begin()->data().to(cpu()).astype(DType::float32).to_vector<float>();
+    };
+    const std::vector<float> on_gpu = step(cuda(0)), on_cpu = step(cpu());
+    REQUIRE(on_gpu.size() == on_cpu.size());
+    for (std::size_t i = 0; i < on_gpu.size(); ++i) CHECK(on_gpu[i] == doctest::Approx(on_cpu[i]).epsilon(0.01).scale(0.01));
   }
 
   TEST_CASE("gpu: an MLP trained on cuda(0), eager and hybridized, ends with the CPU's weights") {

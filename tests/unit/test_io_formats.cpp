@@ -97,6 +97,10 @@ TEST_CASE("io: MXNet-written .params files load with their names, shapes, dtypes
   CHECK(all[4].first == "u8");
   CHECK(all[4].second.shape() == Shape{1, 2});
   CHECK(all[4].second.to_vector<std::uint8_t>() == std::vector<std::uint8_t>{0, 255});
+  const auto half = load_ndarray_list(fixture("float16.params"));
+  REQUIRE(half.size() == 1);
+  CHECK(half[0].second.dtype() == DType::float16);
+  CHECK(half[0].second.to_vector<double>() == std::vector<double>{1, 0.0999755859375, -65504, INFINITY});
 
   auto unnamed = load_ndarray_list(fixture("unnamed.params"));
   REQUIRE(unnamed.size() == 2);
@@ -130,7 +134,8 @@ TEST_CASE("io: MXNet-written .params files load with their names, shapes, dtypes
 }
 
 TEST_CASE("io: encode_ndarray_list writes the bytes MXNet writes") {
-  for (const char* name : {"all_dtypes.params", "unnamed.params", "numpy_shape.params", "tiny-0000.params"}) {
+  for (const char* name : {"all_dtypes.params", "unnamed.params", "numpy_shape.params", "tiny-0000.params",
+                           "float16.params"}) {
     CAPTURE(name);
     const auto tensors = load_ndarray_list(fixture(name));
     CHECK(encode_ndarray_list(tensors) == read_file(fixture(name)));
@@ -291,10 +296,10 @@ TEST_CASE("io: malformed .params files are FormatErrors naming the offset and th
                                 "4503599627370496 bytes but the file ends 25 bytes later"),
                        FormatError);
 
-  for (auto [code, text] : {std::pair{2, "dtype code 2 (float16) is not supported by hybra"},
-                            std::pair{5, "dtype code 5 (int8) is not supported"},
+  for (auto [code, text] : {std::pair{5, "dtype code 5 (int8) is not supported by hybra"},
                             std::pair{7, "dtype code 7 (bool) is not supported"},
-                            std::pair{12, "dtype code 12 (bfloat16) is not supported"},
+                            std::pair{8, "dtype code 8 (int16) is not supported"},
+                            std::pair{11, "dtype code 11 (uint64) is not supported"},
                             std::pair{99, "dtype code 99 is not an MXNet dtype"},
                             std::pair{-1, "dtype code -1 is not an MXNet dtype"}})
     CHECK_THROWS_WITH_AS(parse_params(one_array(v2_array({2}, code, two))),

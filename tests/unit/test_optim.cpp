@@ -516,7 +516,7 @@ TEST_CASE("optim: clip_global_norm scales to max_norm only above it, and leaves 
   CHECK(std::isnan(optim::clip_global_norm(bad, 1)));
   CHECK(bad[0].to_vector<float>()[0] == 1);
   std::vector<Tensor> ints = {array({1, 2})};
-  CHECK_THROWS_WITH_AS(optim::clip_global_norm(ints, 1), "clip_global_norm: arrays must be float32 or float64, not int32",
+  CHECK_THROWS_WITH_AS(optim::clip_global_norm(ints, 1), "clip_global_norm: arrays must be floating (float32, float64, float16, bfloat16), not int32",
                        DTypeError);
   CHECK_THROWS_WITH_AS(optim::clip_global_norm(grads, 0), "clip_global_norm: max_norm must be > 0, not 0", ValueError);
 }

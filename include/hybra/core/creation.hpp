@@ -31,7 +31,7 @@ Tensor full(const Shape& shape, V value, DType dtype = DType::float32, Device de
   if (device.kind == DeviceKind::cuda) return detail::full_on_gpu(shape, value, dtype, device);
   Tensor t(shape, dtype, device);
   push_op("full", {}, {t}, [t, value] {
-    dispatch(t.dtype(), [&](auto tag) {
+    dispatch_stored(t.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       T* p = static_cast<T*>(t.raw_data());
       T v = static_cast<T>(value);
@@ -42,14 +42,14 @@ Tensor full(const Shape& shape, V value, DType dtype = DType::float32, Device de
 }
 template <class V>
 Tensor detail::full_on_gpu(const Shape& shape, V value, DType dtype, Device device) {
-  return dispatch(dtype, [&](auto tag) {
+  return dispatch_stored(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T v = static_cast<T>(value);
     std::uint32_t words[2] = {};
     std::memcpy(words, &v, sizeof(T));
     if (sizeof(T) == 8 && words[0] != words[1]) return full(shape, value, dtype, cpu()).to(device);
     Tensor t(shape, dtype, device);
-    constexpr int width = sizeof(T) == 1 ? 1 : 4;
+    constexpr int width = sizeof(T) < 4 ? static_cast<int>(sizeof(T)) : 4;
     const auto count = static_cast<std::size_t>(t.size()) * sizeof(T) / static_cast<std::size_t>(width);
     push_op_on(device, "full", {}, {t}, [t, pattern = words[0], count] {
       backend::cuda::gpu(t.device().id)
@@ -75,7 +75,7 @@ inline Tensor arange(double start, double stop, double step = 1, DType dtype = D
   if (count > 9.0e18) fail<ShapeError>("arange: ", count, " elements do not fit in int64");
   Tensor t(Shape{std::max<std::int64_t>(0, static_cast<std::int64_t>(count))}, dtype, device);
   push_op("arange", {}, {t}, [t, start, step] {
-    dispatch(t.dtype(), [&](auto tag) {
+    dispatch_stored(t.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       T* p = static_cast<T*>(t.raw_data());
       for (std::int64_t i = 0; i < t.size(); ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
@@ -88,7 +88,8 @@ inline Tensor arange(double stop) { return arange(0, stop); }
 // A tensor holding `values` in the given shape.
 template <class T>
 Tensor array(const std::vector<T>& values, const Shape& shape, Device device = cpu()) {
-  static_assert(is_dtype_v<T>, "hybra::array: element type must be float, double, std::int32_t, std::int64_t or std::uint8_t");
+  static_assert(is_dtype_v<T>, "hybra::array: element type must be float, double, std::int32_t, std::int64_t, "
+                               "std::uint8_t, hybra::float16_t or hybra::bfloat16_t");
   if (checked_numel(shape, "array") != static_cast<std::int64_t>(values.size()))
     fail<ShapeError>("array: ", values.size(), " values do not fill shape ", to_string(shape));
   if (device.kind == DeviceKind::cuda) return array(values, shape, cpu()).to(device);
@@ -157,7 +158,10 @@ inline void push_draws_cuda(const Tensor& t, bool normal, double a, double b, st
 // on the calling thread, so the values do not depend on when the op runs.
 inline Tensor random_fill(const Shape& shape, DType dtype, Device device, Generator& gen, bool normal, double a,
                           double b, const char* op) {
-  if (!is_floating(dtype)) fail<DTypeError>(op, ": dtype must be float32 or float64, not ", name(dtype));
+  if (!is_floating(dtype))
+    fail<DTypeError>(op, ": dtype must be float32, float64, float16 or bfloat16, not ", name(dtype));
+  // The 16-bit floats: float32's draws, rounded.
+  if (is_half(dtype)) return random_fill(shape, DType::float32, device, gen, normal, a, b, op).astype(dtype);
   Tensor t(shape, dtype, device);
   if (device == meta()) return t;  // inference only: draws nothing, so later values do not shift
   const std::int64_t n = t.size();

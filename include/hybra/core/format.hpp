@@ -16,7 +16,9 @@ namespace detail {
 template <class T>
 std::string format_element(T v) {
   std::ostringstream os;
-  if constexpr (std::is_floating_point_v<T>) {
+  if constexpr (!std::is_arithmetic_v<T>) {  // float16_t, bfloat16_t
+    return format_element(static_cast<float>(v));
+  } else if constexpr (std::is_floating_point_v<T>) {
     if (std::isnan(v)) return "nan";
     if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
     os << std::setprecision(std::is_same_v<T, float> ? 8 : 16) << v;
@@ -53,7 +55,7 @@ inline std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "<Tensor empty handle>";
   const Tensor host = t.device().kind == DeviceKind::cuda ? t.to(cpu()) : t;
   host.wait_to_read();
-  dispatch(host.dtype(), [&](auto tag) {
+  dispatch_stored(host.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* base = static_cast<const T*>(host.raw_data());
     if (host.ndim() == 0) os << detail::format_element(base[0]);

@@ -1,6 +1,7 @@
 #pragma once
 // N-d shapes and strides (in elements), row-major, with NumPy broadcasting.
 #include <algorithm>
+#include <array>
 #include <boost/container/small_vector.hpp>
 #include <cstdint>
 #include <initializer_list>
@@ -8,6 +9,8 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 
 #include "error.hpp"
 
@@ -50,22 +53,31 @@ inline Strides contiguous_strides(const Shape& s) {
   return st;
 }
 
-// Calls visit(at) for each element of `shape` in row-major order, `at` its
-// offset through `strides` (in elements): how a view's values are read in
-// order (a file's bytes, a batch's rows).
-template <class Visit>
-void for_each_offset(const Shape& shape, const Strides& strides, Visit&& visit) {
+// Calls visit(at_0, at_1, ...) for each element of `shape` in row-major
+// order, one offset per layout through its strides (in elements): a view read
+// into another.
+template <class Visit, class... Layouts>
+void for_each_offsets(const Shape& shape, Visit&& visit, const Layouts&... strides) {
   Shape index(shape.size(), 0);
-  std::int64_t at = 0;
+  std::array<std::int64_t, sizeof...(Layouts)> at{};
   for (std::int64_t n = checked_numel(shape); n > 0; --n) {
-    visit(at);
+    std::apply(visit, at);
     for (std::size_t axis = shape.size(); axis-- > 0;) {
-      at += strides[axis];
+      std::size_t k = 0;
+      ((at[k++] += strides[axis]), ...);
       if (++index[axis] < shape[axis]) break;
-      at -= strides[axis] * shape[axis];
+      k = 0;
+      ((at[k++] -= strides[axis] * shape[axis]), ...);
       index[axis] = 0;
     }
   }
+}
+
+// The walk through one layout: how a view's values are read in order (a
+// file's bytes, a batch's rows).
+template <class Visit>
+void for_each_offset(const Shape& shape, const Strides& strides, Visit&& visit) {
+  for_each_offsets(shape, std::forward<Visit>(visit), strides);
 }
 
 inline Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op) {

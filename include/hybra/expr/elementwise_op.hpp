@@ -31,6 +31,13 @@ inline Tensor run_elementwise(int index, op::DTypeRule rule, std::string_view na
   }
   DType common = in[first].dtype();
   for (std::size_t k = first; k < in.size(); ++k) common = promote_types(common, in[k].dtype());
+  // The 16-bit floats compute in float32 and round once, into the result.
+  if (is_half(common)) {
+    std::vector<Tensor> wide(in.begin(), in.end());
+    for (std::size_t k = first; k < wide.size(); ++k)
+      if (is_half(wide[k].dtype())) wide[k] = wide[k].astype(DType::float32);
+    return run_elementwise(index, rule, name, wide).astype(common);
+  }
   const DType compute = rule == op::DTypeRule::promote_float && !is_floating(common) ? DType::float32 : common;
   std::vector<Tensor> operands;
   for (std::size_t k = 0; k < in.size(); ++k) {

@@ -257,10 +257,29 @@ inline void copy_with_gpu(const Tensor& src, const Tensor& dst) {
   });
 }
 
+// Writes src (broadcast to dst's shape) into dst, each element converted by
+// static_cast, in one walk through both layouts: how the 16-bit floats, which
+// no fused kernel reads or writes, are copied and converted on the CPU.
+inline void convert_elements(const Tensor& src, const Tensor& dst) {
+  const Strides from = broadcast_strides(src, dst.shape());
+  dispatch_stored(src.dtype(), [&](auto s) {
+    dispatch_stored(dst.dtype(), [&](auto d) {
+      using S = typename decltype(s)::type;
+      using D = typename decltype(d)::type;
+      const S* in = static_cast<const S*>(src.raw_data());
+      D* out = static_cast<D*>(dst.raw_data());
+      for_each_offsets(dst.shape(), [&](std::int64_t i, std::int64_t o) { out[o] = static_cast<D>(in[i]); }, from,
+                       dst.strides());
+    });
+  });
+}
+
 // Queues writing src into dst (same shape, any layouts, any devices),
 // converting the dtype.
 inline void copy_into(const Tensor& src, const Tensor& dst) {
   if (src.device().kind == DeviceKind::cuda || dst.device().kind == DeviceKind::cuda) return copy_with_gpu(src, dst);
+  if (is_half(src.dtype()) || is_half(dst.dtype()))
+    return push_op("copy", {src}, {dst}, [src, dst] { convert_elements(src, dst); });
   push_op("copy", {src}, {dst}, [src, dst] {
     auto e = yap::make_terminal<expression>(src);
     leaf_list leaves{&src};
@@ -320,8 +339,9 @@ Tensor eval(const E& e) {
     if (autograd::is_recording())
       for (auto* t : leaves)
         if (autograd::requires_grad(*t)) return detail::evaluate_recorded(e);
+    // Mixed dtypes, and the 16-bit floats (computed in float32), go node by node.
     for (auto* t : leaves)
-      if (t->dtype() != leaves.front()->dtype()) return detail::evaluate_unfused(e);
+      if (t->dtype() != leaves.front()->dtype() || is_half(t->dtype())) return detail::evaluate_unfused(e);
     return dispatch(leaves.front()->dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       using R = kernel::result_t<E, T>;
@@ -369,7 +389,7 @@ Tensor run_node(const Args&... args) {
       return a;
     } else {
       using S = kernel::scalar_type_t<std::remove_cvref_t<decltype(a)>>;
-      return dispatch(is_condition(i) ? dtype_of_v<S> : *common, [&](auto tag) {
+      return dispatch_stored(is_condition(i) ? dtype_of_v<S> : *common, [&](auto tag) {
         using T = typename decltype(tag)::type;
         return array<T>(std::vector<T>{static_cast<T>(static_cast<S>(a))}, Shape{}, *device);
       });
@@ -460,7 +480,7 @@ Tensor& Tensor::assign(E&& e) {
                         device(), "; evaluate it there and copy_to the destination");
     bool direct = true;
     for (auto* t : leaves) {
-      direct = direct && t->dtype() == leaves.front()->dtype();
+      direct = direct && t->dtype() == leaves.front()->dtype() && !is_half(t->dtype()) && !is_half(dtype_);
       // Reading a different view of the storage being written would read
       // values already overwritten; such expressions go through a temporary.
       if (t->storage() == storage_)
@@ -520,7 +540,7 @@ std::vector<T> Tensor::to_vector() const {
   Tensor c = contiguous();
   c.wait_to_read();
   std::vector<T> v(static_cast<std::size_t>(c.size()));
-  dispatch(dtype_, [&](auto tag) {
+  dispatch_stored(dtype_, [&](auto tag) {
     using S = typename decltype(tag)::type;
     const S* p = static_cast<const S*>(c.raw_data());
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(p[i]);

@@ -184,6 +184,7 @@ inline Graph eliminate_common_subexpressions(const Graph& g) {
 // another dtype, so it stays out.
 inline bool fusable(const Graph& g, const Node& n) {
   if (!detail::is_elementwise(n) || !n.meta.shape || !n.meta.dtype) return false;
+  if (is_half(*n.meta.dtype)) return false;  // computed in float32 by the eager op (ops/half.hpp)
   for (int in : n.inputs) {
     const Node& src = g.nodes[static_cast<std::size_t>(in)];
     if (src.op != "scalar" && src.meta.dtype != n.meta.dtype) return false;

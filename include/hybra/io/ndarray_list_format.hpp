@@ -52,11 +52,14 @@ inline std::int32_t mxnet_dtype_code(DType d) {
     case DType::uint8: return 3;
     case DType::int32: return 4;
     case DType::int64: return 6;
+    case DType::float16: return 2;
+    case DType::bfloat16: return 12;
   }
   fail<DTypeError>("invalid dtype code ", static_cast<int>(d));
 }
 inline std::optional<DType> dtype_from_mxnet_code(std::int64_t code) {
-  for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8})
+  for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64, DType::uint8, DType::float16,
+                  DType::bfloat16})
     if (mxnet_dtype_code(d) == code) return d;
   return std::nullopt;
 }

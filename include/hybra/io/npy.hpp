@@ -6,8 +6,9 @@
 // A .npy file is the magic "\x93NUMPY", a version (1.0, 2.0 or 3.0), the
 // length of a header, the header (a Python dict literal: 'descr', the dtype;
 // 'fortran_order'; 'shape') and the values. hybra reads the dtypes it has
-// ('<f4' float32, '<f8' float64, '<i4' int32, '<i8' int64, '|u1' uint8, and
-// '|b1' bool as uint8 0/1), big-endian ones too, in C or Fortran order; it
+// ('<f4' float32, '<f8' float64, '<f2' float16, '<i4' int32, '<i8' int64,
+// '|u1' uint8, and '|b1' bool as uint8 0/1; NumPy has no bfloat16), big-endian
+// ones too, in C or Fortran order; it
 // writes version 1.0 (2.0 for a header over 64 KiB), little-endian, C order,
 // the header padded so the values start at a multiple of 64 bytes, as NumPy
 // does. A .npz file is a ZIP archive (zip.hpp) of .npy members, named as
@@ -66,12 +67,13 @@ inline Descr parse_descr(const Source& s, std::string_view descr, std::size_t at
     DType dtype;
     std::size_t bytes;
   };
-  static constexpr Known known[] = {{"f4", DType::float32, 4}, {"f8", DType::float64, 8}, {"i4", DType::int32, 4},
+  static constexpr Known known[] = {{"f4", DType::float32, 4}, {"f8", DType::float64, 8}, {"f2", DType::float16, 2}, {"i4", DType::int32, 4},
                                     {"i8", DType::int64, 8},   {"u1", DType::uint8, 1},   {"b1", DType::uint8, 1}};
   for (const Known& k : known)
     if (k.kind == kind) return {k.dtype, k.bytes, order == '>' && k.bytes > 1};
   fail<DTypeError>(s.where, ": offset ", at, ": dtype '", descr,
-                   "' has no hybra dtype (hybra reads float32 '<f4', float64 '<f8', int32 '<i4', int64 '<i8', uint8 "
+                   "' has no hybra dtype (hybra reads float32 '<f4', float64 '<f8', float16 '<f2', int32 '<i4', int64 "
+                   "'<i8', uint8 "
                    "'|u1' and bool '|b1'; convert it with astype before np.save)");
 }
 
@@ -181,6 +183,10 @@ inline std::string descr_of(DType d) {
     case DType::int32: return "<i4";
     case DType::int64: return "<i8";
     case DType::uint8: return "|u1";
+    case DType::float16: return "<f2";
+    case DType::bfloat16:
+      fail<DTypeError>("save_npy: NumPy has no bfloat16 (a tensor of bfloat16); save t.astype(DType::float32), which "
+                       "holds every bfloat16 exactly");
   }
   fail<DTypeError>("save_npy: no NumPy dtype for dtype ", static_cast<int>(d));
 }

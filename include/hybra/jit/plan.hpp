@@ -393,6 +393,9 @@ inline void Plan::build() {
       kind = Kind::constant;
     } else if (graph::fusable(g, n)) {
       kind = Kind::fused;
+    } else if (is_half(*n.meta.dtype) ||
+               std::any_of(in.begin(), in.end(), [](const Tensor& t) { return is_half(t.dtype()); })) {
+      kind = Kind::eager;  // the 16-bit floats: the eager op computes them in float32 (ops/half.hpp)
     } else {
       // On a GPU, fully_connected is a product step (cuBLASLt); other ops run
       // their launches where they have them, else their eager op.

@@ -225,6 +225,15 @@ class Block {
                   Generator& gen = default_generator()) {
     collect_params().initialize(init, devices, gen, force_reinit);
   }
+  // Converts every parameter of this tree to `dtype` (Gluon's cast): a model
+  // in float16 or bfloat16 for mixed-precision training (Trainer's
+  // multi_precision keeps float32 master weights) or inference. BatchNorm
+  // keeps float32 parameters and statistics for the 16-bit floats, as Gluon's.
+  virtual void cast(DType dtype) {
+    for (auto& entry : params_) entry.second.cast(dtype);
+    for (auto& c : children_) c->cast(dtype);
+  }
+
   // Hybridizes every HybridBlock in this tree (plain Blocks stay eager).
   virtual void hybridize(bool active = true) {
     for (auto& c : children_) c->hybridize(active);
@@ -300,6 +309,12 @@ class HybridBase : public Block {
   void hybridize(bool active = true) override {
     active_ = active;
     Block::hybridize(active);
+  }
+  // The graphs captured before name the parameters' old dtypes: gone.
+  void cast(DType dtype) override {
+    cache_.clear();
+    last_ = nullptr;
+    Block::cast(dtype);
   }
   bool hybridized() const { return active_; }
 

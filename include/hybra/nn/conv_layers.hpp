@@ -303,6 +303,8 @@ class BatchNorm : public HybridBlock<BatchNorm> {
   Parameter running_mean() const { return running_mean_; }
   Parameter running_var() const { return running_var_; }
 
+  void cast(DType dtype) override { HybridBlock::cast(is_half(dtype) ? DType::float32 : dtype); }
+
  private:
   std::int64_t axis_;
   double momentum_, epsilon_;

@@ -162,6 +162,16 @@ class Parameter {
     }
   }
 
+  // Converts the value on every device to `dtype`, each copy with a new
+  // gradient buffer (Gluon's cast); before initialisation, the dtype it will
+  // be initialised in.
+  void cast(DType dtype) {
+    s_->dtype = dtype;
+    s_->symbol.reset();
+    for (Tensor& t : s_->copies) t = t.astype(dtype).detach();
+    attach_grads();
+  }
+
   void rename(std::string name) {
     s_->name = std::move(name);
     s_->symbol.reset();

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "half.hpp"
 #include "../backend/cuda/launch.hpp"
 #include "conv_cuda.hpp"
 #include "window.hpp"
@@ -67,6 +68,10 @@ inline Tensor batch_norm_op(Tensor x, const Tensor& gamma, const Tensor& beta, c
                             const Tensor& running_var, double eps, std::int64_t axis) {
   x.require("batch_norm");
   for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var}) t->require("batch_norm");
+  if (auto r = compute_in_float32(
+          {x, gamma, beta, running_mean, running_var},
+          [&](std::span<const Tensor> f) { return batch_norm_op(f[0], f[1], f[2], f[3], f[4], eps, axis); }, x.dtype()))
+    return *r;
   if (x.ndim() < 1) fail<ShapeError>("batch_norm: input of shape () has no channel axis");
   if (!(eps > 0)) fail<ValueError>("batch_norm: eps ", eps, " must be positive");
   const int a = hybra::detail::checked_axis(axis, x.shape(), "batch_norm");

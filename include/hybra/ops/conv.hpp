@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "half.hpp"
 #include "../backend/cpu/product.hpp"
 #include "../backend/cuda/launch.hpp"
 #include "conv_cuda.hpp"
@@ -204,6 +205,8 @@ inline Tensor conv2d_op(Tensor x, const Tensor& weight, const Tensor& bias, Size
                         Size2d dilation, std::int64_t groups) {
   x.require("conv2d");
   weight.require("conv2d");
+  if (auto r = compute_in_float32({x, weight, bias}, [&](std::span<const Tensor> f) { return conv2d_op(f[0], f[1], f[2], stride, padding, dilation, groups); }))
+    return *r;
   const Conv2dGeometry g = conv2d_geometry(x.shape(), weight.shape(), stride, padding, dilation, groups);
   if (bias.defined() && (bias.ndim() != 1 || bias.shape()[0] != g.F))
     fail<ShapeError>("conv2d: bias of shape ", to_string(bias.shape()), " does not match weight of shape ",

@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "half.hpp"
 #include "../backend/cpu/dot_product.hpp"
 #include "conv.hpp"
 
@@ -392,6 +393,9 @@ inline Tensor conv2d_backward_data(const Tensor& dy, const Tensor& weight, const
                                    Size2d padding, Size2d dilation, std::int64_t groups) {
   namespace nn = detail::nn;
   constexpr std::string_view op = "conv2d_backward_data";
+  if (auto r = detail::compute_in_float32(
+          {dy, weight}, [&](std::span<const Tensor> f) { return conv2d_backward_data(f[0], f[1], x_shape, stride, padding, dilation, groups); }))
+    return *r;
   const nn::Conv2dGeometry g = nn::backward_geometry(op, dy, x_shape, weight.require(op.data()).shape(), stride,
                                                      padding, dilation, groups);
   const auto operands = nn::float_operands<2>(op, {dy, weight});
@@ -419,6 +423,9 @@ inline Tensor conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Sh
                                      Size2d padding, Size2d dilation, std::int64_t groups) {
   namespace nn = detail::nn;
   constexpr std::string_view op = "conv2d_backward_weight";
+  if (auto r = detail::compute_in_float32(
+          {dy, x}, [&](std::span<const Tensor> f) { return conv2d_backward_weight(f[0], f[1], weight_shape, stride, padding, dilation, groups); }))
+    return *r;
   const nn::Conv2dGeometry g =
       nn::backward_geometry(op, dy, x.require(op.data()).shape(), weight_shape, stride, padding, dilation, groups);
   const auto operands = nn::float_operands<2>(op, {dy, x});

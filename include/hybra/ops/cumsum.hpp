@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "half.hpp"
 #include "../backend/cpu/threads.hpp"
 #include "../expr/evaluate.hpp"
 #include "../backend/cuda/launch.hpp"
@@ -203,6 +204,7 @@ inline backend::cuda::CudaLaunch cuda_launch(Block b, bool reverse, DType in, ba
 
 inline Tensor run(Tensor x, std::optional<i64> axis, bool reverse) {
   x.require("cumsum");
+  if (auto r = compute_in_float32({x}, [&](std::span<const Tensor> f) { return run(f[0], axis, reverse); })) return *r;
   const Block b = block(x.shape(), axis);
   const Tensor xc = x.contiguous();
   Tensor out(axis ? x.shape() : Shape{b.R}, result_dtype(x.dtype()), x.device());

@@ -38,6 +38,7 @@
 #include "../backend/cpu/vector_math.hpp"
 #include "../core/dtype.hpp"
 #endif
+#include "../core/half.hpp"
 #include "../core/macros.hpp"
 
 namespace hybra::op {

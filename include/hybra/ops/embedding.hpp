@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "half.hpp"
 #include "../backend/cpu/threads.hpp"
 #include "../backend/cuda/launch.hpp"
 #include "../backend/cuda/ptx.hpp"
@@ -103,9 +104,10 @@ inline std::string entry(DType index, DType table, std::string_view kernel) {
 }
 inline std::string cuda_program(DType index, DType table) {
   const std::string I(backend::cuda::cuda_type(index)), T(backend::cuda::cuda_type(table));
-  std::string source = "#include <kernels/embedding.cuh>\n";
+  std::string source = "#include <hybra/core/half.hpp>\n#include <kernels/embedding.cuh>\n";
   for (const std::string_view kernel : {"gather", "scatter_add"}) {
     const bool gather = kernel == "gather";
+    if (!gather && is_half(table)) continue;  // the gradient of a 16-bit table is summed in float32
     source += hybra::detail::concat(
         "\nextern \"C\" __global__ void __launch_bounds__(256) ", entry(index, table, kernel), "(const ", I,
         "* indices, const ", T, gather ? "* table, " : "* dy, ", T, gather ? "* y" : "* d_table",
@@ -144,6 +146,9 @@ inline backend::cuda::CudaLaunch cuda_launch(bool gather, DType index, DType tab
 }
 
 inline Tensor gather_rows(const Tensor& indices, const Tensor& table) {
+  // The gather moves a table's elements as they are, a 16-bit float's too;
+  // 16-bit indices are read as float32 (ops/half.hpp).
+  if (is_half(indices.dtype())) return gather_rows(indices.astype(DType::float32), table);
   const Tensor idx = indices.contiguous(), t = table.contiguous();
   const i64 rows = t.shape()[0], width = t.shape()[1], count = idx.size();
   Shape shape = idx.shape();
@@ -157,7 +162,7 @@ inline Tensor gather_rows(const Tensor& indices, const Tensor& table) {
   }
   push_op("embedding", {idx, t}, {out}, [idx, t, out, count, rows, width] {
     dispatch(idx.dtype(), [&](auto index_tag) {
-      dispatch(t.dtype(), [&](auto table_tag) {
+      dispatch_stored(t.dtype(), [&](auto table_tag) {
         using I = typename decltype(index_tag)::type;
         using T = typename decltype(table_tag)::type;
         gather(static_cast<const I*>(idx.raw_data()), static_cast<const T*>(t.raw_data()),
@@ -195,6 +200,7 @@ inline Tensor embedding_backward(const Tensor& indices, const Tensor& dy, std::i
   namespace e = detail::embedding;
   indices.require("embedding_backward");
   dy.require("embedding_backward");
+  if (auto r = detail::compute_in_float32({indices, dy}, [&](std::span<const Tensor> f) { return embedding_backward(f[0], f[1], rows); })) return *r;
   require_same_device("embedding_backward", indices, dy);
   Shape want = indices.shape();
   const std::int64_t width = dy.ndim() ? dy.shape().back() : 0;

@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "half.hpp"
 #include "../backend/cpu/blas.hpp"
 #include "../backend/cpu/gemv.hpp"
 #include "../backend/cpu/threads.hpp"
@@ -275,6 +276,7 @@ Tensor matmul(A&& a_in, B&& b_in) {
   a.require("matmul");
   b.require("matmul");
   autograd::op_record rec("matmul", {a, b});
+  if (auto r = detail::compute_in_float32({a, b}, [&](std::span<const Tensor> f) { return matmul(f[0], f[1]); })) return rec.output(*r);
   const Shape sa = a.shape(), sb = b.shape();
   if (sa.empty() || sb.empty())
     fail<ShapeError>("matmul: shapes ", to_string(sa), " and ", to_string(sb),
@@ -325,6 +327,7 @@ Tensor dot(A&& a_in, B&& b_in) {
   a.require("dot");
   b.require("dot");
   autograd::op_record rec("dot", {a, b});
+  if (auto r = detail::compute_in_float32({a, b}, [&](std::span<const Tensor> f) { return dot(f[0], f[1]); })) return rec.output(*r);
   if (a.ndim() == 0 || b.ndim() == 0) return rec.output(eval(a * b));
   require_same_device("dot", a, b);
   const Shape sa = a.shape(), sb = b.shape();

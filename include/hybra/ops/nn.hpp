@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "half.hpp"
 #include "../core/mode.hpp"
 #include "../backend/cpu/gemv.hpp"
 #include "../backend/cuda/cublaslt.hpp"
@@ -64,6 +65,12 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
   weight.require("fully_connected");
   autograd::op_record rec("fully_connected", bias.defined() ? std::vector<Tensor>{x, weight, bias}
                                                             : std::vector<Tensor>{x, weight});
+  // On a GPU, operands of one 16-bit float are a tensor-core product (cuBLASLt, accumulating in float32).
+  const bool gpu_half = x.device().kind == DeviceKind::cuda && is_half(x.dtype()) && weight.dtype() == x.dtype() &&
+                        (!bias.defined() || bias.dtype() == x.dtype());
+  if (!gpu_half)
+    if (auto r = detail::compute_in_float32({x, weight, bias}, [&](std::span<const Tensor> f) { return fully_connected(f[0], f[1], f[2]); }))
+      return rec.output(*r);
   if (x.ndim() == 0) fail<ShapeError>("fully_connected: input of shape () has no batch axis");
   if (x.ndim() != 2) x = flatten(x);
   if (weight.ndim() != 2 || weight.shape()[1] != x.shape()[1])
@@ -202,6 +209,7 @@ Tensor dropout(X&& x_in, double rate) {
   if (!is_floating(x.dtype())) fail<DTypeError>("dropout: dtype ", name(x.dtype()), " is not floating");
   autograd::op_record rec("dropout", {x});
   auto attrs = [rate] { return op::Attrs{{"rate", op::attr_text(rate)}}; };
+  if (auto r = detail::compute_in_float32({x}, [&](std::span<const Tensor> f) { return dropout(f[0], rate); })) return rec.output(*r, attrs);
   if (x.device().kind != DeviceKind::cuda) {
     const Tensor keep = random_uniform(x.shape(), 0, 1, x.dtype(), x.device());
     return rec.output(eval(where(keep >= rate, x / (1 - rate), 0)), attrs);

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "half.hpp"
 #include "../backend/cpu/isa.hpp"
 #include "../backend/cuda/launch.hpp"
 #include "conv_cuda.hpp"
@@ -235,6 +236,9 @@ template <bool Max>
 Tensor pool2d_op(std::string_view op, Tensor x, Size2d kernel, Size2d stride, Size2d padding, bool count_include_pad,
                  PoolingConvention convention) {
   x.require(op.data());
+  if (auto r = compute_in_float32(
+          {x}, [&](std::span<const Tensor> f) { return pool2d_op<Max>(op, f[0], kernel, stride, padding, count_include_pad, convention); }))
+    return *r;
   const Pool2dGeometry g = pool2d_geometry(op, x.shape(), kernel, stride, padding, convention);
   x = float_operands<1>(op, {x})[0];
   Tensor out({g.N, g.C, g.OH, g.OW}, x.dtype(), x.device());
@@ -257,6 +261,7 @@ Tensor pool2d_op(std::string_view op, Tensor x, Size2d kernel, Size2d stride, Si
 template <bool Max>
 Tensor global_pool2d_op(std::string_view op, Tensor x) {
   x.require(op.data());
+  if (auto r = compute_in_float32({x}, [&](std::span<const Tensor> f) { return global_pool2d_op<Max>(op, f[0]); })) return *r;
   require_4d(op, x.shape());
   if (x.shape()[2] * x.shape()[3] == 0)
     fail<ShapeError>(op, ": input of shape ", to_string(x.shape()), " has empty (height, width) planes");

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "half.hpp"
 #include "../backend/cpu/isa.hpp"
 #include "../backend/cuda/launch.hpp"
 #include "conv_cuda.hpp"
@@ -371,6 +372,9 @@ inline Tensor pool2d_backward(const Tensor& dy, const Tensor& x, bool max, Size2
                               PoolingConvention convention = PoolingConvention::valid) {
   namespace nn = detail::nn;
   constexpr std::string_view op = "pool2d_backward";
+  if (auto r = detail::compute_in_float32({dy, x}, [&](std::span<const Tensor> f) { return pool2d_backward(f[0], f[1], max, kernel, stride, padding,
+                                                                                count_include_pad, convention); }))
+    return *r;
   const nn::Pool2dGeometry g =
       nn::pool2d_geometry(op, x.require(op.data()).shape(), kernel, stride, padding, convention);
   if (dy.require(op.data()).shape() != Shape{g.N, g.C, g.OH, g.OW})

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "half.hpp"
 #include "../backend/cpu/threads.hpp"
 #include "../core/creation.hpp"
 #include "../expr/evaluate.hpp"
@@ -389,6 +390,7 @@ void reduce_into(const Tensor& xc, const Tensor& out, const std::vector<run>& ru
 template <Reduction K>
 Tensor reduce(const Tensor& x, const std::optional<std::vector<i64>>& axes, bool keepdims, std::string_view op) {
   x.require(op.data());
+  if (auto r = compute_in_float32({x}, [&](std::span<const Tensor> f) { return reduce<K>(f[0], axes, keepdims, op); })) return *r;
   const Shape& shape = x.shape();
   const auto mask = axis_mask(shape, axes, op);
   Shape out_shape;
@@ -491,6 +493,8 @@ Tensor argmax(X&& x_in, std::optional<std::int64_t> axis = std::nullopt, bool ke
   using detail::reduce::i64;
   Tensor x = eval(x_in);
   x.require("argmax");
+  if (auto r = detail::compute_in_float32({x}, [&](std::span<const Tensor> f) { return argmax(f[0], axis, keepdims); }))
+    return *r;
   const Shape& shape = x.shape();
   const auto [O, R, I] = detail::reduce::argmax_block(shape, axis);
   Shape out_shape;

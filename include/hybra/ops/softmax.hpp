@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "half.hpp"
 #include "../backend/cpu/threads.hpp"
 #include "../expr/evaluate.hpp"
 #include "reduce.hpp"
@@ -125,6 +126,7 @@ std::optional<backend::cuda::CudaLaunch> cuda_softmax_launch(const Tensor& x, st
 template <bool Log>
 Tensor run(Tensor x, std::int64_t axis, std::string_view op) {
   x.require(op.data());
+  if (auto r = compute_in_float32({x}, [&](std::span<const Tensor> f) { return run<Log>(f[0], axis, op); })) return *r;
   const auto [O, R, I] = softmax_block(x.shape(), axis, op);
   if (!is_floating(x.dtype())) x = x.astype(DType::float32);
   x = x.contiguous();

@@ -24,7 +24,8 @@ inline double global_norm(std::span<const Tensor> arrays) {
   std::vector<Tensor> squares;  // all queued before the first wait
   for (const Tensor& a : arrays) {
     if (!is_floating(a.dtype()))
-      fail<DTypeError>("clip_global_norm: arrays must be float32 or float64, not ", name(a.dtype()));
+      fail<DTypeError>("clip_global_norm: arrays must be floating (float32, float64, float16, bfloat16), not ",
+                       name(a.dtype()));
     const Tensor wide = a.astype(DType::float64);
     squares.push_back(sum(wide * wide));
   }

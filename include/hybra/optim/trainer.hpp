@@ -4,6 +4,10 @@
 // first sums each parameter's gradients over its copies (an allreduce over
 // the device pool), so every copy takes the same update and the copies stay
 // equal; across processes, a reducer (parallel/mpi.hpp) sums them further.
+// With multi_precision (Gluon's option), a float16 or bfloat16 parameter is
+// updated through a float32 master copy the trainer keeps (and saves with
+// its states), so that updates smaller than the 16-bit float's resolution
+// still add up; step(batch_size, scaler) is the mixed-precision step.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,6 +25,7 @@
 #include "../nn/parameter.hpp"
 #include "../parallel/allreduce.hpp"
 #include "clip.hpp"
+#include "loss_scaler.hpp"
 #include "lr_scheduler.hpp"
 #include "optimizer.hpp"
 
@@ -30,8 +35,11 @@ class Trainer {
  public:
   // `optimizer` by name ("sgd", "adam") with Gluon's option names
   // ({"learning_rate", 0.1}, {"momentum", 0.9}, {"wd", 1e-4}, ...).
-  Trainer(nn::ParameterDict params, std::string_view optimizer, const std::map<std::string, double>& options = {})
-      : Trainer(std::move(params), optim::create(optimizer, options)) {}
+  // ({"multi_precision", 1}: float32 master weights for the 16-bit floats).
+  Trainer(nn::ParameterDict params, std::string_view optimizer, std::map<std::string, double> options = {})
+      : Trainer(std::move(params), optim::create(optimizer, without_multi_precision(options))) {
+    multi_precision_ = options.contains("multi_precision") && options.at("multi_precision") != 0;
+  }
   Trainer(nn::ParameterDict params, std::unique_ptr<optim::Optimizer> optimizer)
       : params_(std::move(params)), optimizer_(std::move(optimizer)) {
     if (!optimizer_) fail<ValueError>("Trainer: no optimizer");
@@ -44,6 +52,20 @@ class Trainer {
   void step(std::int64_t batch_size) {
     allreduce_grads();
     update(batch_size);
+  }
+
+  // The mixed-precision step: sums the gradients, and updates with the
+  // loss scale divided out when they are all finite; otherwise skips the
+  // update. Either way the scaler learns the outcome (optim/loss_scaler.hpp).
+  // Returns whether the update ran.
+  bool step(std::int64_t batch_size, optim::LossScaler& scaler) {
+    allreduce_grads();
+    std::vector<Tensor> one_copy;
+    for (const auto& p : trained()) one_copy.push_back(p.list_grad().front());
+    const double scale = scaler.loss_scale();
+    if (!scaler.update(std::isfinite(optim::global_norm(one_copy)))) return false;
+    update(batch_size, scale);
+    return true;
   }
 
   // The first half of step(): for a caller who inspects or clips the summed gradients before updating.
@@ -78,10 +100,11 @@ class Trainer {
     return norm;
   }
 
-  // The second half of step(): the update, with gradients already summed.
-  void update(std::int64_t batch_size) {
+  // The second half of step(): the update, with gradients already summed
+  // (and multiplied by loss_scale, which is divided out).
+  void update(std::int64_t batch_size, double loss_scale = 1) {
     if (batch_size <= 0) fail<ValueError>("Trainer::step: batch_size must be positive, not ", batch_size);
-    optimizer_->set_rescale_grad(1.0 / static_cast<double>(batch_size));
+    optimizer_->set_rescale_grad(1.0 / (static_cast<double>(batch_size) * loss_scale));
     if (lr_scheduler_) optimizer_->set_learning_rate((*lr_scheduler_)(optimizer_->num_update() + 1));
     std::size_t index = 0;
     for (const auto& p : params_) {
@@ -90,7 +113,13 @@ class Trainer {
       const std::vector<Tensor> grads = p.list_grad();
       for (std::size_t k = 0; k < copies.size(); ++k, ++index) {
         Tensor weight = copies[k];
-        optimizer_->update(index, weight, grads[k]);
+        if (!has_master(weight)) {
+          optimizer_->update(index, weight, grads[k]);
+          continue;
+        }
+        Tensor& master = master_weight(index, weight);
+        optimizer_->update(index, master, grads[k].astype(DType::float32));
+        weight.assign(master);
       }
     }
   }
@@ -112,6 +141,8 @@ class Trainer {
       const std::vector<std::string> state_names = optimizer_->state_names();
       for (std::size_t s = 0; s < state.size(); ++s)
         arrays.emplace_back(hybra::detail::concat(counts.size() - 1, ':', state_names[s]), state[s]);
+      if (auto m = masters_.find(index); m != masters_.end())
+        arrays.emplace_back(hybra::detail::concat(counts.size() - 1, ":master"), m->second);
       index += p.list_data().size();
     }
     arrays.emplace_back("trainer:optimizer", text_tensor(optimizer_->name()));
@@ -156,11 +187,22 @@ class Trainer {
                               "and num_update the most updates of any parameter");
     const std::vector<std::string> state_names = optimizer_->state_names();
     std::vector<std::vector<Tensor>> states(params.size());
+    std::vector<Tensor> masters(params.size());
     std::size_t used = 5;
     for (std::size_t k = 0; k < params.size(); ++k) {
       if (counts[k] < 0) fail<ValueError>(where, ": trained parameter ", k, " has a negative update count");
       if (counts[k] == 0) continue;
-      const Tensor& like = params[k].list_data().front();
+      const Tensor& weight = params[k].list_data().front();
+      const Tensor like = has_master(weight) ? Tensor(weight.shape(), DType::float32, meta()) : weight;
+      if (has_master(weight)) {
+        const Tensor& m = entry(hybra::detail::concat(k, ":master"));
+        if (m.shape() != weight.shape() || m.dtype() != DType::float32)
+          fail<ValueError>(where, ": trained parameter ", k, " has a master weight of shape ", to_string(m.shape()),
+                           ", ", hybra::name(m.dtype()), "; '", params[k].name(), "' needs ",
+                           to_string(weight.shape()), ", float32");
+        masters[k] = m;
+        ++used;
+      }
       for (const std::string& s : state_names) {
         const Tensor& t = entry(hybra::detail::concat(k, ':', s));
         if (t.shape() != like.shape() || t.dtype() != like.dtype())
@@ -174,9 +216,11 @@ class Trainer {
     if (used != saved.size())
       fail<ValueError>(where, " holds ", saved.size() - used, " entries that this trainer's ", optimizer_->name(),
                        " does not keep");
+    masters_.clear();
     std::size_t index = 0;
     for (std::size_t k = 0; k < params.size(); ++k)
       for (const Tensor& copy : params[k].list_data()) {
+        if (masters[k].defined()) masters_[index] = masters[k].to(copy.device()).copy();
         std::vector<Tensor> own;
         for (const Tensor& t : states[k]) {
           Tensor on_device(t.shape(), t.dtype(), copy.device());
@@ -213,6 +257,18 @@ class Trainer {
       if (p.grad_req() != "null") out.push_back(p);
     return out;
   }
+  static std::map<std::string, double> without_multi_precision(std::map<std::string, double> options) {
+    options.erase("multi_precision");
+    return options;
+  }
+  bool has_master(const Tensor& weight) const { return multi_precision_ && is_half(weight.dtype()); }
+  // The float32 master of the update at `index`: the weight's value at the first update.
+  Tensor& master_weight(std::size_t index, const Tensor& weight) {
+    auto it = masters_.find(index);
+    if (it == masters_.end()) it = masters_.emplace(index, weight.detach().astype(DType::float32)).first;
+    return it->second;
+  }
+
   static Tensor text_tensor(std::string_view text) {
     return array(std::vector<std::uint8_t>(text.begin(), text.end()), Shape{static_cast<std::int64_t>(text.size())});
   }
@@ -235,6 +291,8 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<const optim::LRScheduler> lr_scheduler_;
   std::function<void(Tensor&)> reduce_across_processes_;
+  bool multi_precision_ = false;
+  std::map<std::size_t, Tensor> masters_;  // by update index
 };
 
 }  // namespace hybra

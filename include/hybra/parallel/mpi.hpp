@@ -67,6 +67,8 @@ inline MPI_Datatype datatype(DType d) {
     case DType::int32: return MPI_INT32_T;
     case DType::int64: return MPI_INT64_T;
     case DType::uint8: return MPI_UINT8_T;
+    case DType::float16:
+    case DType::bfloat16: return MPI_UINT16_T;  // moved as bits; sums go through float32
   }
   fail<DTypeError>("mpi: invalid dtype code ", static_cast<int>(d));
 }
@@ -233,6 +235,11 @@ class Communicator {
       const Tensor staged = t.to(cpu());
       allreduce(staged);
       return staged.copy_to(t);
+    }
+    if (is_half(t.dtype())) {  // MPI has no 16-bit float to sum
+      const Tensor wide = t.astype(DType::float32);
+      allreduce(wide);
+      return wide.astype(t.dtype()).copy_to(t);
     }
     const Tensor buffer = contiguous_buffer(t, "allreduce");
     const MPI_Datatype type = detail::datatype(t.dtype());

@@ -46,7 +46,8 @@ struct cublasLtMatmulHeuristicResult_t {
 
 // The values of cublasLt.h's and library_types.h's enums that hybra uses.
 namespace lt {
-inline constexpr int compute_32f = 68, compute_32f_fast_tf32 = 77, compute_64f = 70, r_32f = 0, r_64f = 1;
+inline constexpr int compute_32f = 68, compute_32f_fast_tf32 = 77, compute_64f = 70, r_32f = 0, r_64f = 1, r_16f = 2,
+                     r_16bf = 14;
 inline constexpr int desc_transa = 3, desc_transb = 4, desc_epilogue = 7, desc_bias_pointer = 8;
 inline constexpr int pref_max_workspace_bytes = 1, pref_min_alignment_a_bytes = 5;  // then B, C, D
 inline constexpr int op_n = 0, op_t = 1;
@@ -115,14 +116,21 @@ class DenseMatmul {
         gpu_(gpu),
         handle_(lt_handle(gpu)),
         workspace_(workspace(gpu)),
-        single_(dtype == DType::float32),
+        single_(dtype != DType::float64),
         dims_{M, N, K},
         dtype_(dtype) {
-    if (dtype != DType::float32 && dtype != DType::float64)
-      fail<DTypeError>("fully_connected: ", name(dtype), " products are not done on a GPU (float32 or float64 are)");
-    const int type = dtype == DType::float32 ? lt::r_32f : lt::r_64f;
-    const int compute = dtype == DType::float64 ? lt::compute_64f : tf32 ? lt::compute_32f_fast_tf32 : lt::compute_32f;
-    lt_.check(lt_.desc_create(&desc_, compute, type),
+    if (!is_floating(dtype))
+      fail<DTypeError>("fully_connected: ", name(dtype), " products are not done on a GPU (float32, float64, float16 "
+                       "and bfloat16 are)");
+    // The 16-bit floats on tensor cores, accumulating and scaling in float32.
+    const int type = dtype == DType::float32   ? lt::r_32f
+                     : dtype == DType::float64 ? lt::r_64f
+                     : dtype == DType::float16 ? lt::r_16f
+                                               : lt::r_16bf;
+    const int compute = dtype == DType::float64                ? lt::compute_64f
+                        : dtype == DType::float32 && tf32 ? lt::compute_32f_fast_tf32
+                                                          : lt::compute_32f;
+    lt_.check(lt_.desc_create(&desc_, compute, dtype == DType::float64 ? lt::r_64f : lt::r_32f),
               "cublasLtMatmulDescCreate");
     const int transa = lt::op_t, transb = lt::op_n;
     const auto ep = static_cast<std::uint32_t>(epilogue);
@@ -221,7 +229,7 @@ class DenseMatmul {
   Gpu& gpu_;
   cublasLtHandle_t handle_;
   void* workspace_;
-  bool single_;  // float32: alpha and beta are floats
+  bool single_;  // alpha and beta are floats (every dtype but float64)
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t w_ = nullptr, x_ = nullptr, y_ = nullptr;
   std::array<std::int64_t, 3> dims_{};  // M, N, K

@@ -78,6 +78,7 @@ class Driver {
     load(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
     load(cuMemcpyPeerAsync, "cuMemcpyPeerAsync");
     load(cuMemsetD8Async, "cuMemsetD8Async");
+    load(cuMemsetD16Async, "cuMemsetD16Async");
     load(cuMemsetD32Async, "cuMemsetD32Async");
     load(cuStreamCreate, "cuStreamCreate");
     load(cuStreamSynchronize, "cuStreamSynchronize");
@@ -138,6 +139,7 @@ class Driver {
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, std::size_t, CUstream) = nullptr;
   CUresult (*cuMemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, std::size_t, CUstream) = nullptr;
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, std::size_t, CUstream) = nullptr;
+  CUresult (*cuMemsetD16Async)(CUdeviceptr, unsigned short, std::size_t, CUstream) = nullptr;
   CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned, std::size_t, CUstream) = nullptr;
   CUresult (*cuStreamCreate)(CUstream*, unsigned) = nullptr;
   CUresult (*cuStreamSynchronize)(CUstream) = nullptr;

@@ -211,10 +211,12 @@ class Gpu {
     }
   }
 
-  // Sets `count` elements of `width` bytes (1 or 4) to `pattern`, on the stream.
+  // Sets `count` elements of `width` bytes (1, 2 or 4) to `pattern`, on the stream.
   void fill(CUdeviceptr dst, unsigned pattern, int width, std::size_t count) {
     if (width == 1)
       cu_.check(cu_.cuMemsetD8Async(dst, static_cast<unsigned char>(pattern), count, stream_), "cuMemsetD8Async");
+    else if (width == 2)
+      cu_.check(cu_.cuMemsetD16Async(dst, static_cast<unsigned short>(pattern), count, stream_), "cuMemsetD16Async");
     else
       cu_.check(cu_.cuMemsetD32Async(dst, pattern, count, stream_), "cuMemsetD32Async");
   }

@@ -66,7 +66,8 @@ inline std::string copy_entry(std::size_t width) { return hybra::detail::concat(
 
 inline std::string cuda_copy_program() {
   std::string source = "#include <kernels/copy.cuh>\n";
-  for (const auto& [width, type] : {std::pair{1, "unsigned char"}, {4, "unsigned int"}, {8, "unsigned long long"}})
+  for (const auto& [width, type] : {std::pair{1, "unsigned char"}, {2, "unsigned short"}, {4, "unsigned int"},
+                                     {8, "unsigned long long"}})
     source += hybra::detail::concat("\nextern \"C\" __global__ void __launch_bounds__(256) ", copy_entry(width), "(const ",
                                     type, "* from, ", type,
                                     "* to, hybra::kernels::copy_layout l, long long count) {\n"

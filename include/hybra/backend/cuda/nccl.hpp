@@ -55,7 +55,8 @@ class Nccl {
     fail<DeviceError>("NCCL: ", call, " failed: ", text ? text : "", " (ncclResult_t ", r, ")");
   }
 
-  // NCCL's code for a dtype (ncclUint8, ncclInt32, ncclInt64, ncclFloat32, ncclFloat64).
+  // NCCL's code for a dtype (ncclUint8, ncclInt32, ncclInt64, ncclFloat32, ncclFloat64, ncclFloat16,
+  // ncclBfloat16).
   static int datatype(DType d) {
     switch (d) {
       case DType::uint8: return 1;
@@ -63,6 +64,8 @@ class Nccl {
       case DType::int64: return 4;
       case DType::float32: return 7;
       case DType::float64: return 8;
+      case DType::float16: return 6;
+      case DType::bfloat16: return 9;
     }
     fail<DTypeError>("NCCL: invalid dtype code ", static_cast<int>(d));
   }

@@ -21,6 +21,8 @@ inline std::string_view cuda_type(DType d) {
     case DType::int32: return "int";
     case DType::int64: return "long long";
     case DType::uint8: return "unsigned char";
+    case DType::float16: return "hybra::float16_t";
+    case DType::bfloat16: return "hybra::bfloat16_t";
   }
   fail<DTypeError>("cuda: no CUDA type for dtype ", static_cast<int>(d));
 }
