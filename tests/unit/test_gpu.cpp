@@ -492,7 +492,7 @@ TEST_SUITE("gpu" * doctest::skip()) {
       net(zeros({1, 16}, DType::float32, device));
       net.cast(DType::float16);
       Trainer trainer(net.collect_params(), "sgd", {{"learning_rate", 0.1}, {"multi_precision", 1}});
-      optim::LossScaler scaler;
+      optim::LossScaler scaler({.init_scale = 128});  // the default 65536 overflows this loss's gradients: skipped
       const Tensor x = random_uniform({8, 16}, -1, 1).astype(DType::float16).to(device);
       {
         autograd::record r;

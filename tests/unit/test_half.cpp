@@ -270,7 +270,7 @@ TEST_CASE("half: mixed precision: float16 weights with float32 masters and a los
   CHECK_THROWS_AS(optim::LossScaler({.factor = 1}), ValueError);
 }
 
-TEST_CASE("half: a resumed mixed-precision run equals the uninterrupted one, master weights included") {
+TEST_CASE("half: a resumed mixed-precision run equals the uninterrupted one, master weights and loss scale included") {
   ScratchDir dir;
   seed(7);
   const Tensor x = random_uniform({16, 4}, -1, 1).astype(DType::float16);
@@ -281,33 +281,45 @@ TEST_CASE("half: a resumed mixed-precision run equals the uninterrupted one, mas
     net->cast(DType::float16);
     return net;
   };
-  auto steps = [&](nn::Dense& net, Trainer& trainer, int count) {
+  // A scale that overflows at first: the scaler's state matters to the resumed steps.
+  const optim::LossScaler::Options scaling{.init_scale = 1 << 16, .window = 2};
+  auto steps = [&](nn::Dense& net, Trainer& trainer, optim::LossScaler& scaler, int count) {
     for (int k = 0; k < count; ++k) {
       {
         autograd::record r;
-        sum(net(x) * net(x)).backward();
+        scaler.scale(sum(net(x) * net(x))).backward();
       }
-      trainer.step(16);
+      trainer.step(16, scaler);
     }
   };
   const std::map<std::string, double> options{{"learning_rate", 0.01}, {"momentum", 0.9}, {"multi_precision", 1}};
   auto whole = make();
   Trainer whole_trainer(whole->collect_params(), "sgd", options);
-  steps(*whole, whole_trainer, 6);
+  optim::LossScaler whole_scaler(scaling);
+  steps(*whole, whole_trainer, whole_scaler, 6);
   auto first = make();
   Trainer first_trainer(first->collect_params(), "sgd", options);
-  steps(*first, first_trainer, 3);
+  optim::LossScaler first_scaler(scaling);
+  steps(*first, first_trainer, first_scaler, 3);
   first->save_parameters(dir / "net.params");
-  first_trainer.save_states(dir / "net.states");
+  first_trainer.save_states(dir / "net.states", first_scaler);
   auto resumed = make();
   const auto saved = io::load_ndarray_list(dir / "net.params");  // in order: the nets' prefixes differ
   std::size_t k = 0;
   for (nn::Parameter p : resumed->collect_params()) p.set_data(saved[k++].second);
   Trainer resumed_trainer(resumed->collect_params(), "sgd", options);
-  resumed_trainer.load_states(dir / "net.states");
-  steps(*resumed, resumed_trainer, 3);
+  optim::LossScaler resumed_scaler(scaling);
+  CHECK_THROWS_WITH_AS(resumed_trainer.load_states(dir / "net.states"), doctest::Contains("was saved with a LossScaler"),
+                       ValueError);
+  resumed_trainer.load_states(dir / "net.states", resumed_scaler);
+  CHECK(resumed_scaler.loss_scale() == first_scaler.loss_scale());
+  steps(*resumed, resumed_trainer, resumed_scaler, 3);
+  CHECK(whole_scaler.skipped_steps() > 0);
+  CHECK(resumed_scaler.loss_scale() == whole_scaler.loss_scale());
+  CHECK(resumed_scaler.skipped_steps() == whole_scaler.skipped_steps());
   check_same_bits(resumed->collect_params().begin()->data(), whole->collect_params().begin()->data());
   // Without the float32 masters the file is of another run: refused.
   Trainer plain(resumed->collect_params(), "sgd", {{"learning_rate", 0.01}, {"momentum", 0.9}});
-  CHECK_THROWS_AS(plain.load_states(dir / "net.states"), ValueError);
+  optim::LossScaler plain_scaler(scaling);
+  CHECK_THROWS_AS(plain.load_states(dir / "net.states", plain_scaler), ValueError);
 }

@@ -9,6 +9,7 @@
 //   optim::LossScaler scaler;
 //   { autograd::record r; loss = ...; scaler.scale(loss).backward(); }
 //   trainer.step(batch_size, scaler);   // false: skipped, the scale lowered
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -42,6 +43,20 @@ class LossScaler {
   double loss_scale() const { return scale_; }
   std::int64_t finite_steps() const { return finite_; }
   std::int64_t skipped_steps() const { return skipped_; }
+
+  // A saved state (Trainer::save_states with a scaler) put back.
+  bool valid_state(double scale, double finite, double skipped) const {
+    return std::isfinite(scale) && scale >= o_.min_scale && finite >= 0 && finite < static_cast<double>(o_.window) &&
+           skipped >= 0 && finite == std::floor(finite) && skipped == std::floor(skipped);
+  }
+  void restore(double scale, std::int64_t finite, std::int64_t skipped) {
+    if (!valid_state(scale, static_cast<double>(finite), static_cast<double>(skipped)))
+      fail<ValueError>("LossScaler::restore: scale ", scale, ", ", finite, " finite and ", skipped,
+                       " skipped steps are not a state of this scaler");
+    scale_ = scale;
+    finite_ = finite;
+    skipped_ = skipped;
+  }
 
   // Takes one step's outcome: whether its gradients were finite. Returns it.
   bool update(bool finite) {

@@ -128,8 +128,43 @@ class Trainer {
   // the optimizer's name, each trained parameter's update count and state
   // tensors, the run's update count and the learning rate, in MXNet's
   // NDArray-list format, written atomically. A parameter's copies on several
-  // devices are equal after every step, so one copy is saved.
-  void save_states(const std::filesystem::path& file) const {
+  // devices are equal after every step, so one copy is saved. With a loss
+  // scaler, its scale and counts too (load it with load_states(file, scaler)).
+  void save_states(const std::filesystem::path& file) const { write_states(file, nullptr); }
+  void save_states(const std::filesystem::path& file, const optim::LossScaler& scaler) const {
+    write_states(file, &scaler);
+  }
+
+  // Loads a save_states() file: every copy of each trained parameter gets
+  // the saved state on its own device (so a run saved on two GPUs resumes
+  // on one CPU, or the reverse), and the next update continues the saved
+  // run. The file must come from a trainer of the same optimizer over
+  // parameters of the same shapes and dtypes, in the same order, saved with a
+  // loss scaler exactly when one is given here: anything else is a ValueError
+  // naming the file and the first difference, and leaves this trainer (and
+  // the scaler) as they were.
+  void load_states(const std::filesystem::path& file) { read_states(file, nullptr); }
+  void load_states(const std::filesystem::path& file, optim::LossScaler& scaler) { read_states(file, &scaler); }
+
+  // Sums a tensor in place over all processes (e.g. mpi::Communicator's
+  // allreduce): set it and step() trains one model across processes.
+  void set_process_reducer(std::function<void(Tensor&)> reduce) { reduce_across_processes_ = std::move(reduce); }
+
+  // The rate of the last update (or of the next, before any).
+  double learning_rate() const { return optimizer_->learning_rate(); }
+  void set_learning_rate(double lr) {
+    if (lr_scheduler_) fail<ValueError>("Trainer::set_learning_rate: a learning-rate scheduler sets it at each step");
+    optimizer_->set_learning_rate(lr);
+  }
+  // Each update's learning rate from now on: scheduler(num_update), the
+  // update's number counted over the whole run (optim/lr_scheduler.hpp);
+  // nullptr goes back to a fixed rate.
+  void set_lr_scheduler(std::shared_ptr<const optim::LRScheduler> scheduler) { lr_scheduler_ = std::move(scheduler); }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  const nn::ParameterDict& params() const { return params_; }
+
+ private:
+  void write_states(const std::filesystem::path& file, const optim::LossScaler* scaler) const {
     std::vector<std::pair<std::string, Tensor>> arrays;
     std::string names;
     std::vector<std::int64_t> counts;
@@ -150,20 +185,22 @@ class Trainer {
     arrays.emplace_back("trainer:update_counts", array(counts, Shape{static_cast<std::int64_t>(counts.size())}));
     arrays.emplace_back("trainer:num_update", array(std::vector<std::int64_t>{optimizer_->num_update()}, Shape{1}));
     arrays.emplace_back("trainer:learning_rate", array(std::vector<double>{optimizer_->learning_rate()}, Shape{1}));
+    if (scaler)
+      arrays.emplace_back("scaler:state", array(std::vector<double>{scaler->loss_scale(),
+                                                                    static_cast<double>(scaler->finite_steps()),
+                                                                    static_cast<double>(scaler->skipped_steps())},
+                                                Shape{3}));
     io::save_ndarray_list(file, arrays);
   }
 
-  // Loads a save_states() file: every copy of each trained parameter gets
-  // the saved state on its own device (so a run saved on two GPUs resumes
-  // on one CPU, or the reverse), and the next update continues the saved
-  // run. The file must come from a trainer of the same optimizer over
-  // parameters of the same shapes and dtypes, in the same order: anything
-  // else is a ValueError naming the file and the first difference, and
-  // leaves this trainer as it was.
-  void load_states(const std::filesystem::path& file) {
+  void read_states(const std::filesystem::path& file, optim::LossScaler* scaler) {
     const std::string where = "Trainer::load_states: file '" + file.string() + "'";
     std::map<std::string, Tensor> saved;
     for (auto& [key, t] : io::load_ndarray_list(file)) saved.emplace(key, std::move(t));
+    const bool scaled = saved.contains("scaler:state");
+    if (scaled != (scaler != nullptr))
+      fail<ValueError>(where, scaled ? " was saved with a LossScaler: load it with load_states(file, scaler)"
+                                     : " was saved without a LossScaler: load it with load_states(file)");
     const auto entry = [&](const std::string& key) -> const Tensor& {
       auto it = saved.find(key);
       if (it == saved.end()) fail<ValueError>(where, " has no '", key, "': it is not a Trainer::save_states file");
@@ -188,7 +225,13 @@ class Trainer {
     const std::vector<std::string> state_names = optimizer_->state_names();
     std::vector<std::vector<Tensor>> states(params.size());
     std::vector<Tensor> masters(params.size());
-    std::size_t used = 5;
+    std::size_t used = scaled ? 6 : 5;
+    std::vector<double> scaler_state;
+    if (scaled) {
+      scaler_state = saved.at("scaler:state").to_vector<double>();
+      if (scaler_state.size() != 3 || !scaler->valid_state(scaler_state[0], scaler_state[1], scaler_state[2]))
+        fail<ValueError>(where, ": its scaler:state must be a scale within this scaler's bounds and two counts");
+    }
     for (std::size_t k = 0; k < params.size(); ++k) {
       if (counts[k] < 0) fail<ValueError>(where, ": trained parameter ", k, " has a negative update count");
       if (counts[k] == 0) continue;
@@ -230,26 +273,10 @@ class Trainer {
         optimizer_->restore(index++, std::move(own), counts[k]);
       }
     optimizer_->set_learning_rate(learning_rate[0]);
+    if (scaler) scaler->restore(scaler_state[0], static_cast<std::int64_t>(scaler_state[1]),
+                                static_cast<std::int64_t>(scaler_state[2]));
   }
 
-  // Sums a tensor in place over all processes (e.g. mpi::Communicator's
-  // allreduce): set it and step() trains one model across processes.
-  void set_process_reducer(std::function<void(Tensor&)> reduce) { reduce_across_processes_ = std::move(reduce); }
-
-  // The rate of the last update (or of the next, before any).
-  double learning_rate() const { return optimizer_->learning_rate(); }
-  void set_learning_rate(double lr) {
-    if (lr_scheduler_) fail<ValueError>("Trainer::set_learning_rate: a learning-rate scheduler sets it at each step");
-    optimizer_->set_learning_rate(lr);
-  }
-  // Each update's learning rate from now on: scheduler(num_update), the
-  // update's number counted over the whole run (optim/lr_scheduler.hpp);
-  // nullptr goes back to a fixed rate.
-  void set_lr_scheduler(std::shared_ptr<const optim::LRScheduler> scheduler) { lr_scheduler_ = std::move(scheduler); }
-  optim::Optimizer& optimizer() { return *optimizer_; }
-  const nn::ParameterDict& params() const { return params_; }
-
- private:
   // The parameters the updates reach, in update order.
   std::vector<nn::Parameter> trained() const {
     std::vector<nn::Parameter> out;
