@@ -790,7 +790,7 @@ TEST_CASE("engine: a thread in an engine wait's spin runs posted chunks; a split
   std::vector<float> w(N * K), x(K), alone(N), split(N);
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 13) * 0.25f - 1.5f;
   for (std::size_t k = 0; k < x.size(); ++k) x[k] = static_cast<float>(k % 7) * 0.5f - 1;
-  backend::cpu::gemv_rows(w.data(), K, x.data(), alone.data(), K, 0, N);
+  backend::cpu::gemv_rows(w.data(), K, x.data(), alone.data(), N, K, 1, 0, N);
 
   // The spin every engine wait uses (Waiter::wait, an idle worker, waitall).
   std::atomic<bool> done{false};
@@ -803,7 +803,7 @@ TEST_CASE("engine: a thread in an engine wait's spin runs posted chunks; a split
   std::atomic<int> started{0};
   auto half = [&](int c) {
     ran_on[static_cast<std::size_t>(c)] = std::this_thread::get_id();
-    backend::cpu::gemv_rows(w.data(), K, x.data(), split.data(), K, c == 0 ? 0 : N / 2, c == 0 ? N / 2 : N);
+    backend::cpu::gemv_rows(w.data(), K, x.data(), split.data(), N, K, 1, c == 0 ? 0 : N / 2, c == 0 ? N / 2 : N);
     if (++started == 1) {  // hold on until another thread has the other half
       const auto end = Clock::now() + 5s;
       while (started.load() < 2 && Clock::now() < end) std::this_thread::yield();

@@ -2,6 +2,8 @@
 // M == 1 or N == 1, dot), strided operands, batching, integer dtypes, errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <hybra/eager.hpp>
 
@@ -237,4 +239,42 @@ TEST_CASE("dot: misaligned shapes are a ShapeError naming dot and the shapes") {
   CHECK_THROWS_WITH_AS(dot(zeros({2, 3, 4}), zeros({5, 3, 6})), doctest::Contains("dot: shapes (2, 3, 4) and (5, 3, 6)"),
                        ShapeError);
   CHECK_THROWS_WITH_AS(dot(zeros({3}), zeros({4})), doctest::Contains("dot: shapes (3,) and (4,)"), ShapeError);
+}
+
+TEST_CASE("fully_connected of up to four rows (one pass over the weight): the reference, and each row's bits alone") {
+  // (units, in_units): 4-unit blocks and a remainder; in_units with and without a partial vector; the last
+  // weight is beyond 4 MiB, where the units are split over the threads.
+  const std::int64_t shapes[][2] = {{13, 37}, {8, 64}, {5, 1}, {1030, 1100}};
+  for (const DType dtype : {DType::float32, DType::float64})
+    for (const auto& [units, in_units] : shapes) {
+      CAPTURE(name(dtype));
+      CAPTURE(units);
+      CAPTURE(in_units);
+      const Tensor w = random_normal({units, in_units}, 0, 1, dtype), b = random_normal({units}, 0, 1, dtype);
+      const Tensor x = random_normal({6, in_units}, 0, 1, dtype);
+      const auto xv = x.to_vector<double>(), wv = w.to_vector<double>(), bv = b.to_vector<double>();
+      std::vector<std::vector<double>> alone;
+      for (std::int64_t row = 0; row < 6; ++row)
+        alone.push_back(fully_connected(slice(x, 0, row, row + 1), w, b).to_vector<double>());
+      for (std::int64_t rows = 1; rows <= 6; ++rows) {
+        CAPTURE(rows);
+        const auto y = fully_connected(slice(x, 0, 0, rows), w, b).to_vector<double>();
+        REQUIRE(y.size() == static_cast<std::size_t>(rows * units));
+        double worst = 0;
+        for (std::int64_t m = 0; m < rows; ++m)
+          for (std::int64_t n = 0; n < units; ++n) {
+            double want = bv[static_cast<std::size_t>(n)], scale = std::abs(want);
+            for (std::int64_t k = 0; k < in_units; ++k) {
+              const double term = xv[static_cast<std::size_t>(m * in_units + k)] * wv[static_cast<std::size_t>(n * in_units + k)];
+              want += term;
+              scale += std::abs(term);
+            }
+            worst = std::max(worst, std::abs(y[static_cast<std::size_t>(m * units + n)] - want) / scale);
+          }
+        CHECK(worst <= (dtype == DType::float32 ? 1e-6 : 1e-15));
+        if (rows <= 4)  // one pass over w: each row's outputs are those it has alone, bit for bit
+          for (std::int64_t m = 0; m < rows; ++m)
+            CHECK(std::vector<double>(y.begin() + m * units, y.begin() + (m + 1) * units) == alone[static_cast<std::size_t>(m)]);
+      }
+    }
 }

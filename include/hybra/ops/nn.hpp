@@ -38,15 +38,16 @@ namespace detail::nn {
 
 // out (M x N) = x (M x K) w^T + b, all contiguous, w being (N x K) and b
 // (N) or null: the dense layer's kernel, shared by the eager op and captured
-// graphs so that both give the same bits. A single row is hybra's own GEMV
-// (backend/cpu/gemv.hpp says why); the bias is added right after the
-// product, while the rows are in cache.
+// graphs so that both give the same bits. Up to gemv_max_rows rows are
+// hybra's own GEMV, one pass over w for all of them (backend/cpu/gemv.hpp
+// says why); the bias is added right after the product, while the rows are
+// in cache.
 template <class T>
 void dense(const T* x, const T* w, const T* b, T* out, std::int64_t M, std::int64_t K, std::int64_t N) {
   namespace blas = backend::cpu::blas;
   if (M == 0 || N == 0) return;
   if (K == 0) std::fill_n(out, M * N, T(0));
-  else if (M == 1) backend::cpu::gemv(w, K, x, out, N, K);
+  else if (M <= backend::cpu::gemv_max_rows) backend::cpu::gemv(w, K, x, out, N, K, M);
   else blas::gemm(false, true, M, N, K, T(1), x, K, w, K, T(0), out, N);
   if (!b) return;
   for (std::int64_t i = 0; i < M; ++i)
