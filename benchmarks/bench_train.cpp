@@ -15,9 +15,15 @@
 //   BM_train/libtorch          the same network and step in LibTorch (torch::nn modules,
 //                              torch::optim::SGD), with as many intra-op threads as hybra
 //                              uses. Built only when CMake finds Torch (Debian: libtorch-dev).
+//   BM_conv/<pass>/<layer>     one pass (forward, data or weight gradient) of a convolution
+//                              of D2L's ResNet-18 training step (batch 64 of 28x28 images), or
+//                              of the zoo's ResNet-18 inference (batch 2 of 224x224): hybra's
+//                              kernels or oneDNN's, as ops/conv_onednn.hpp decides;
+//                              HYBRA_ONEDNN=0 times hybra's own on every layer.
 #include <benchmark/benchmark.h>
 
 #include <hybra/hybra.hpp>
+#include <string>
 
 #include "lenet_common.hpp"
 
@@ -82,6 +88,47 @@ void train_libtorch(benchmark::State& state) {
 }
 BENCHMARK(train_libtorch)->Name("BM_train/libtorch")->Arg(256)->Arg(16)->MinTime(2)->UseRealTime();
 #endif
+
+// A convolution layer: input (N, C, H, W), F filters of K x K, stride, padding.
+struct ConvLayer {
+  const char* name;
+  std::int64_t N, C, H, F, K, stride, padding;
+};
+constexpr ConvLayer conv_layers[] = {
+    {"train_64x28", 64, 64, 28, 64, 3, 1, 1},     {"train_64to128x28_s2", 64, 64, 28, 128, 3, 2, 1},
+    {"train_128x14", 64, 128, 14, 128, 3, 1, 1},  {"train_256x7", 64, 256, 7, 256, 3, 1, 1},
+    {"train_512x4", 64, 512, 4, 512, 3, 1, 1},    {"train_1x1_64to128_s2", 64, 64, 28, 128, 1, 2, 0},
+    {"infer_7x7_s2", 2, 3, 224, 64, 7, 2, 3},     {"infer_64x56", 2, 64, 56, 64, 3, 1, 1},
+    {"infer_64to128x56_s2", 2, 64, 56, 128, 3, 2, 1}, {"infer_128x28", 2, 128, 28, 128, 3, 1, 1},
+    {"infer_256x14", 2, 256, 14, 256, 3, 1, 1},   {"infer_512x7", 2, 512, 7, 512, 3, 1, 1},
+};
+
+void conv_pass(benchmark::State& state, ConvLayer layer, int pass) {
+  const std::int64_t OH = (layer.H + 2 * layer.padding - layer.K) / layer.stride + 1;
+  const hybra::Shape xs{layer.N, layer.C, layer.H, layer.H}, ws{layer.F, layer.C, layer.K, layer.K};
+  const hybra::Tensor x = hybra::random_normal(xs), w = hybra::random_normal(ws);
+  const hybra::Tensor dy = hybra::random_normal({layer.N, layer.F, OH, OH});
+  auto run = [&] {
+    if (pass == 0) return hybra::conv2d(x, w, {}, layer.stride, layer.padding);
+    if (pass == 1) return hybra::conv2d_backward_data(dy, w, xs, layer.stride, layer.padding, 1, 1);
+    return hybra::conv2d_backward_weight(dy, x, ws, layer.stride, layer.padding, 1, 1);
+  };
+  run().wait_to_read();
+  for (auto _ : state) run().wait_to_read();
+}
+
+const bool conv_layers_registered = [] {
+  const char* passes[] = {"forward", "data", "weight"};
+  for (const auto& layer : conv_layers)
+    for (int pass = 0; pass < 3; ++pass) {
+      if (layer.N == 2 && pass > 0) continue;  // inference: the forward pass only
+      benchmark::RegisterBenchmark((std::string("BM_conv/") + passes[pass] + "/" + layer.name).c_str(), conv_pass,
+                                   layer, pass)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+  return true;
+}();
 
 }  // namespace
 

@@ -41,6 +41,11 @@ function(hybra_link_dependencies target)
       target_compile_definitions(${target} INTERFACE HYBRA_THREAD_LOOPS)
     endif()
   endif()
+  # oneDNN by name (-ldnnl), so that the installed target needs no path of this machine.
+  if(HYBRA_WITH_ONEDNN)
+    target_link_libraries(${target} INTERFACE dnnl)
+    target_compile_definitions(${target} INTERFACE HYBRA_WITH_ONEDNN=1)
+  endif()
   # -fno-math-errno lets GCC call glibc's vector math (libmvec) for exp/tanh
   # inside fused loops; without it every transcendental stays scalar (~10x).
   target_compile_options(${target} INTERFACE

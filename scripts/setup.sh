@@ -10,6 +10,7 @@ packages=(
   libboost-json1.81-dev # Boost.JSON, compiled: model files (include/hybra/io/)
   libboost-program-options1.81-dev # the examples' command lines (examples/common/command_line.hpp)
   doctest-dev libopenblas-dev libbenchmark-dev libeigen3-dev zlib1g-dev
+  libdnnl-dev # oneDNN: the convolutions where it is faster (include/hybra/ops/conv_onednn.hpp)
   clang libclang-rt-14-dev # libFuzzer and its sanitizer runtimes: tests/fuzz/run.sh
   python3-venv # the MXNet interop test's venv (mxnet from PyPI): tests/interop/
   libopenmpi-dev openmpi-bin # training across processes: include/hybra/parallel/mpi.hpp

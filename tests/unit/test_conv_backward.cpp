@@ -283,6 +283,11 @@ TEST_CASE("conv2d gradients: LeNet's layers, wide channels, bands of large image
   check_conv_gradients({2, 3, 6, 7, 4, 6, 7}, f32);                            // one window: the whole image
   check_conv_gradients({3, 6, 10, 10, 6, 3, 3, 1, 1, 1, 6}, f32);              // depthwise, stride 1
   check_conv_gradients({2, 2, 7, 30, 3, 2, 2, {1, 3}, {0, 1}, {2, 1}}, f64);
+  // ResNet's wider layers, where oneDNN computes float32 when built in (ops/conv_onednn.hpp): the weight
+  // gradient's image slots of 2 and 1 images, the data gradient over 128 filters.
+  check_conv_gradients({5, 64, 15, 15, 128, 3, 3, 2, 1}, f32);
+  check_conv_gradients({4, 64, 16, 16, 128, 3, 3, 1, 1}, f32);
+  check_conv_gradients({1, 64, 9, 9, 64, 3, 3, 1, 1}, f32);
 }
 
 TEST_CASE("conv2d gradients: empty batches, channels and filters") {
@@ -348,22 +353,29 @@ TEST_CASE("conv2d gradients with NaN and infinity: as im2col, and no wide pixel 
   }
 }
 
-TEST_CASE("conv2d and pooling gradients do not depend on the thread count, bit for bit") {
+TEST_CASE("conv2d, its gradients and pooling gradients do not depend on the thread count, bit for bit") {
   ThreadCount restore;
-  const Geometry convs[] = {{37, 6, 14, 14, 16, 5, 5}, {9, 1, 28, 28, 6, 5, 5, 1, 2}, {3, 64, 12, 12, 64, 3, 3, 1, 1},
-                            {5, 8, 15, 13, 12, 3, 3, 2, 1, 1, 2}};
+  // The last three reach oneDNN where it is built in (ops/conv_onednn.hpp).
+  const Geometry convs[] = {{37, 6, 14, 14, 16, 5, 5},          {9, 1, 28, 28, 6, 5, 5, 1, 2},
+                            {3, 64, 12, 12, 64, 3, 3, 1, 1},    {5, 8, 15, 13, 12, 3, 3, 2, 1, 1, 2},
+                            {4, 64, 16, 16, 128, 3, 3, 1, 1},   {5, 64, 15, 15, 128, 3, 3, 2, 1},
+                            {7, 128, 9, 9, 64, 3, 3, 1, 1}};
   for (const auto& g : convs) {
     CAPTURE(to_string(g.x()));
+    CAPTURE(to_string(g.w()));
     Tensor x = random_normal(g.x()), w = random_normal(g.w()), dy = random_normal(g.y());
-    std::vector<float> dx1, dw1;
+    std::vector<float> y1, dx1, dw1;
     for (int threads : {1, 2, 3}) {
       set_num_threads(threads);
+      auto y = conv2d(x, w, Tensor{}, g.stride, g.padding, g.dilation, g.groups).to_vector<float>();
       auto dx = conv2d_backward_data(dy, w, g.x(), g.stride, g.padding, g.dilation, g.groups).to_vector<float>();
       auto dw = conv2d_backward_weight(dy, x, g.w(), g.stride, g.padding, g.dilation, g.groups).to_vector<float>();
       if (threads == 1) {
+        y1 = y;
         dx1 = dx;
         dw1 = dw;
       }
+      CHECK(y == y1);
       CHECK(dx == dx1);
       CHECK(dw == dw1);
     }

@@ -13,6 +13,8 @@
 // development machine for a Prescott (SSE3 kernels, backend/cpu/gemv.hpp):
 // that product beat im2col with OpenBLAS's sgemm on LeNet's layers and on a
 // ResNet 3x3 layer (docs/benchmarks.md, "Figures behind constants of the code").
+// Where oneDNN is built in and measured faster (conv_onednn.hpp: the wider
+// layers of ResNets), it computes float32 convolutions instead.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -35,6 +37,7 @@
 #include "../backend/cpu/product.hpp"
 #include "../backend/cuda/launch.hpp"
 #include "conv_cuda.hpp"
+#include "conv_onednn.hpp"
 #include "window.hpp"
 
 namespace hybra {
@@ -185,6 +188,10 @@ void conv2d(const T* x, const T* w, const T* b, T* out, const Conv2dGeometry& g)
     for (std::int64_t i = 0; i < g.N * g.F; ++i) std::fill_n(out + i * P, P, b ? b[i % g.F] : T(0));
     return;
   }
+#ifdef HYBRA_ONEDNN_CALLS
+  if constexpr (std::is_same_v<T, float>)
+    if (onednn_serves(ConvPass::forward, g)) return onednn_conv2d(x, w, b, out, g);
+#endif
   if (g.sh == 1 && g.sw == 1) conv2d_wide(x, w, b, out, g);
   else conv2d_im2col(x, w, b, out, g);
 }

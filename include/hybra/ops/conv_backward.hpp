@@ -29,8 +29,9 @@
 // value that window does not hold, so a chunk whose input holds an inf or a
 // NaN is summed by the plain loop instead.
 //
-// Their times per layer, beside the forward's, are in docs/benchmarks.md
-// (bench_train).
+// Where oneDNN is built in and measured faster (conv_onednn.hpp), it
+// computes float32 gradients instead; their times per layer, beside the
+// forward's, are in docs/benchmarks.md (bench_train).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -153,6 +154,10 @@ void conv2d_backward_data_col2im(const T* dy, const T* w, T* dx, const Conv2dGeo
 template <class T>
 void conv2d_backward_data(const T* dy, const T* w, T* dx, const Conv2dGeometry& g) {
   if (g.N * g.C * g.H * g.W == 0) return;
+#ifdef HYBRA_ONEDNN_CALLS
+  if constexpr (std::is_same_v<T, float>)
+    if (onednn_serves(ConvPass::backward_data, g)) return onednn_conv2d_backward_data(dy, w, dx, g);
+#endif
   if (g.sh == 1 && g.sw == 1 && g.ph <= g.dh * (g.KH - 1) && g.pw <= g.dw * (g.KW - 1))
     conv2d_backward_data_as_conv(dy, w, dx, g);
   else
@@ -264,6 +269,10 @@ void conv2d_backward_weight(const T* dy, const T* x, T* dw, const Conv2dGeometry
     std::fill_n(dw, g.F * K, T(0));
     return;
   }
+#ifdef HYBRA_ONEDNN_CALLS
+  if constexpr (std::is_same_v<T, float>)
+    if (onednn_serves(ConvPass::backward_weight, g)) return onednn_conv2d_backward_weight(dy, x, dw, g);
+#endif
   const WeightGradPlan plan = weight_grad_plan<T>(g);
   std::vector<std::int64_t> b_rows(static_cast<std::size_t>(K));
   for (std::int64_t c = 0; c < Cg; ++c)

@@ -43,7 +43,6 @@ static_assert(sizeof(Pool2dGeometry) == 12 * sizeof(long long));
 
 // ---- convolutions ----
 
-enum class ConvPass { forward, backward_data, backward_weight };
 enum class ConvKernel { im2col, conv_output, filters_major, col2im, fill_zero };
 
 // Where a step's operand is: one of the op's operands (index), its result,

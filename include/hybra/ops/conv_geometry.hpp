@@ -14,6 +14,9 @@ struct Conv2dGeometry {
   std::int64_t N, C, H, W, F, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups;
 };
 
+// What a convolution kernel computes: the output, or one of the two gradients.
+enum class ConvPass { forward, backward_data, backward_weight };
+
 // A pooling's sizes: input (N, C, H, W), window KH x KW, output (N, C, OH, OW).
 struct Pool2dGeometry {
   std::int64_t N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw;

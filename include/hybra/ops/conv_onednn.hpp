@@ -1,0 +1,232 @@
+#pragma once
+// conv2d's three passes on oneDNN (backend/cpu/onednn.hpp), for the float32
+// convolutions where it measured faster than hybra's own kernels
+// (onednn_serves; the table is docs/benchmarks.md's "conv2d: hybra's kernels
+// and oneDNN's"). Operands stay NCHW / OIHW in hybra's tensors: each call
+// reorders them to the blocked layouts oneDNN's kernels read, and its result
+// back.
+//
+// The gradients do not depend on the thread count, bit for bit (the contract
+// of conv_backward.hpp; its tests hold this file to it). oneDNN's forward
+// and data-gradient kernels compute each output on one thread, in an order
+// fixed by the shapes. Its weight gradient splits the sum over images
+// between threads, so here the images are cut into a number of slots fixed
+// by the shapes, each slot's gradient computed on one thread, and the slots'
+// gradients added in slot order.
+//
+// oneDNN skips the padding rather than multiplying its zeros, so where an
+// inf meets only padding, its gradient stays inf where hybra's im2col gives
+// NaN (0 x inf); finite operands give the same sums up to rounding.
+#include "../backend/cpu/onednn.hpp"
+#ifdef HYBRA_ONEDNN_CALLS
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "conv_geometry.hpp"
+#include "window.hpp"
+
+namespace hybra::detail::nn {
+
+// Where oneDNN wins (docs/benchmarks.md): ungrouped, undilated convolutions
+// with a spatial kernel over at least 64 channels into at least 64 filters.
+// The forward pass also needs enough output pixels to pay for reordering the
+// weights on every call; the data gradient, whose sums run over the
+// filters, needs at least 128 of them.
+inline bool onednn_serves(ConvPass pass, const Conv2dGeometry& g) {
+  if (!backend::cpu::onednn::enabled()) return false;
+  if (g.groups != 1 || g.dh != 1 || g.dw != 1 || g.KH * g.KW == 1 || g.C < 64 || g.F < 64 || g.N * g.OH * g.OW == 0)
+    return false;
+  // Output sizes that leave input rows or columns unread (a negative end padding to oneDNN) stay hybra's.
+  if ((g.OH - 1) * g.sh + g.KH < g.H + g.ph || (g.OW - 1) * g.sw + g.KW < g.W + g.pw) return false;
+  switch (pass) {
+    case ConvPass::forward: return g.N * g.OH * g.OW >= 1024;
+    case ConvPass::backward_data: return g.F >= 128;
+    case ConvPass::backward_weight: return true;
+  }
+  return false;
+}
+
+namespace onednn_conv {
+
+namespace cpu = backend::cpu::onednn;
+using tag = dnnl::memory::format_tag;
+
+inline dnnl::memory::dims dims(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) { return {a, b, c, d}; }
+inline dnnl::memory::desc plain(const dnnl::memory::dims& d, tag t) {
+  return {d, dnnl::memory::data_type::f32, t};
+}
+inline dnnl::memory::desc any(const dnnl::memory::dims& d) { return plain(d, tag::any); }
+
+// The convolution's descriptors for `images` images of g.
+struct Descs {
+  dnnl::memory::dims x, w, y;
+  dnnl::memory::dims stride, pad_begin, pad_end;
+  Descs(const Conv2dGeometry& g, std::int64_t images)
+      : x(dims(images, g.C, g.H, g.W)),
+        w(dims(g.F, g.C, g.KH, g.KW)),
+        y(dims(images, g.F, g.OH, g.OW)),
+        stride{g.sh, g.sw},
+        pad_begin{g.ph, g.pw},
+        // oneDNN wants the padding that makes the output size exact.
+        pad_end{(g.OH - 1) * g.sh + g.KH - g.H - g.ph, (g.OW - 1) * g.sw + g.KW - g.W - g.pw} {}
+  dnnl::convolution_forward::primitive_desc forward(dnnl::prop_kind kind, bool bias) const {
+    const auto b = bias ? plain({y[1]}, tag::x) : dnnl::memory::desc();
+    return {{kind, dnnl::algorithm::convolution_direct, any(x), any(w), b, any(y), stride, pad_begin, pad_end},
+            cpu::engine()};
+  }
+};
+
+// A cached primitive: the pass, the geometry, the images it takes and the thread count it was made for.
+using Key = std::array<std::int64_t, 19>;
+inline Key key(ConvPass pass, const Conv2dGeometry& g, std::int64_t images, int threads, bool bias) {
+  return {static_cast<std::int64_t>(pass), g.C, g.H, g.W, g.F, g.KH, g.KW, g.OH, g.OW, g.sh, g.sw, g.ph, g.pw,
+          g.dh, g.dw, g.groups, images, threads, bias};
+}
+
+// A primitive with the layouts it reads and writes.
+struct Primitive {
+  dnnl::primitive run;
+  dnnl::memory::desc in0, in1, out;
+};
+
+inline cpu::Cache<Key, Primitive>& primitives() {
+  static cpu::Cache<Key, Primitive> cache;
+  return cache;
+}
+
+// `data` as a memory of `want`'s layout: itself, or a reordered copy.
+inline dnnl::memory as(const dnnl::memory::desc& want, dnnl::memory data) {
+  if (want == data.get_desc()) return data;
+  dnnl::memory copy(want, cpu::engine());
+  dnnl::reorder(data, copy).execute(cpu::stream(), data, copy);
+  return copy;
+}
+
+// Runs `p` on (in0, in1[, bias]) into out, each given in its plain layout.
+inline void execute(const Primitive& p, int in0_arg, const dnnl::memory& in0, int in1_arg, const dnnl::memory& in1,
+                    int out_arg, dnnl::memory out, const dnnl::memory* bias = nullptr) {
+  dnnl::memory result = p.out == out.get_desc() ? out : dnnl::memory(p.out, cpu::engine());
+  std::unordered_map<int, dnnl::memory> args{{in0_arg, as(p.in0, in0)}, {in1_arg, as(p.in1, in1)}, {out_arg, result}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, *bias);
+  p.run.execute(cpu::stream(), args);
+  if (result != out) dnnl::reorder(result, out).execute(cpu::stream(), result, out);
+  cpu::stream().wait();
+}
+
+inline dnnl::memory wrap(const dnnl::memory::dims& d, tag t, const float* data) {
+  return {plain(d, t), cpu::engine(), const_cast<float*>(data)};
+}
+
+}  // namespace onednn_conv
+
+// out (N, F, OH, OW) = conv(x, w) + b (or no bias).
+inline void onednn_conv2d(const float* x, const float* w, const float* b, float* out, const Conv2dGeometry& g) {
+  namespace o = onednn_conv;
+  const int threads = backend::cpu::available_threads();
+  backend::cpu::onednn::ThreadCount scope(threads);
+  backend::cpu::onednn::guarded("conv2d", [&] {
+    const o::Descs d(g, g.N);
+    const auto& p = o::primitives().get(o::key(ConvPass::forward, g, g.N, threads, b != nullptr), [&] {
+      const auto pd = d.forward(dnnl::prop_kind::forward_inference, b != nullptr);
+      return o::Primitive{dnnl::convolution_forward(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc()};
+    });
+    const dnnl::memory bias = b ? o::wrap({g.F}, o::tag::x, b) : dnnl::memory();
+    o::execute(p, DNNL_ARG_SRC, o::wrap(d.x, o::tag::nchw, x), DNNL_ARG_WEIGHTS, o::wrap(d.w, o::tag::oihw, w),
+               DNNL_ARG_DST, o::wrap(d.y, o::tag::nchw, out), b ? &bias : nullptr);
+  });
+}
+
+// dx (N, C, H, W) from dy (N, F, OH, OW) and w.
+inline void onednn_conv2d_backward_data(const float* dy, const float* w, float* dx, const Conv2dGeometry& g) {
+  namespace o = onednn_conv;
+  const int threads = backend::cpu::available_threads();
+  backend::cpu::onednn::ThreadCount scope(threads);
+  backend::cpu::onednn::guarded("conv2d_backward_data", [&] {
+    const o::Descs d(g, g.N);
+    const auto& p = o::primitives().get(o::key(ConvPass::backward_data, g, g.N, threads, false), [&] {
+      const auto hint = d.forward(dnnl::prop_kind::forward_training, false);
+      const dnnl::convolution_backward_data::primitive_desc pd(
+          {dnnl::algorithm::convolution_direct, o::any(d.x), o::any(d.w), o::any(d.y), d.stride, d.pad_begin,
+           d.pad_end},
+          o::cpu::engine(), hint);
+      return o::Primitive{dnnl::convolution_backward_data(pd), pd.diff_dst_desc(), pd.weights_desc(),
+                          pd.diff_src_desc()};
+    });
+    o::execute(p, DNNL_ARG_DIFF_DST, o::wrap(d.y, o::tag::nchw, dy), DNNL_ARG_WEIGHTS, o::wrap(d.w, o::tag::oihw, w),
+               DNNL_ARG_DIFF_SRC, o::wrap(d.x, o::tag::nchw, dx));
+  });
+}
+
+// The images of a weight gradient's slot s of `slots`: the first N % slots
+// slots take one more.
+struct ImageSlots {
+  std::int64_t slots, base, extra;
+  explicit ImageSlots(std::int64_t images) : slots(std::min<std::int64_t>(images, 4)), base(0), extra(0) {
+    base = images / slots;
+    extra = images % slots;
+  }
+  std::int64_t first(std::int64_t s) const { return s * base + std::min(s, extra); }
+  std::int64_t count(std::int64_t s) const { return base + (s < extra ? 1 : 0); }
+};
+
+// dw (F, C, KH, KW) from dy and x: each slot's images on one thread, into
+// dw (slot 0) or a buffer of its own, then the buffers added into dw in
+// slot order.
+inline void onednn_conv2d_backward_weight(const float* dy, const float* x, float* dw, const Conv2dGeometry& g) {
+  namespace o = onednn_conv;
+  const ImageSlots slots(g.N);
+  const std::int64_t weights = g.F * g.C * g.KH * g.KW;
+  std::vector<float> partial;
+  backend::cpu::onednn::guarded("conv2d_backward_weight", [&] {
+    partial.resize(static_cast<std::size_t>((slots.slots - 1) * weights));
+  });
+  auto slot_gradient = [&](std::int64_t s) {
+    backend::cpu::onednn::ThreadCount scope(1);
+    const std::int64_t images = slots.count(s), n0 = slots.first(s);
+    const o::Descs d(g, images);
+    const auto& p = o::primitives().get(o::key(ConvPass::backward_weight, g, images, 1, false), [&] {
+      const auto hint = d.forward(dnnl::prop_kind::forward_training, false);
+      const dnnl::convolution_backward_weights::primitive_desc pd(
+          {dnnl::algorithm::convolution_direct, o::any(d.x), o::any(d.w), o::any(d.y), d.stride, d.pad_begin,
+           d.pad_end},
+          o::cpu::engine(), hint);
+      return o::Primitive{dnnl::convolution_backward_weights(pd), pd.diff_dst_desc(), pd.src_desc(),
+                          pd.diff_weights_desc()};
+    });
+    float* out = s == 0 ? dw : partial.data() + (s - 1) * weights;
+    o::execute(p, DNNL_ARG_DIFF_DST, o::wrap(d.y, o::tag::nchw, dy + n0 * g.F * g.OH * g.OW), DNNL_ARG_SRC,
+               o::wrap(d.x, o::tag::nchw, x + n0 * g.C * g.H * g.W), DNNL_ARG_DIFF_WEIGHTS,
+               o::wrap(d.w, o::tag::oihw, out));
+  };
+  // A slot's oneDNN error, kept to be rethrown on the calling thread.
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  backend::cpu::parallel_for(slots.slots, weights * g.OH * g.OW * g.N / slots.slots, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t s = first; s < last && !failed.load(std::memory_order_relaxed); ++s) {
+      try {
+        backend::cpu::onednn::guarded("conv2d_backward_weight", [&] { slot_gradient(s); });
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!failed.exchange(true)) error = std::current_exception();
+      }
+    }
+  });
+  if (error) std::rethrow_exception(error);
+  backend::cpu::parallel_for(weights, slots.slots, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t s = 1; s < slots.slots; ++s) {
+      const float* add = partial.data() + (s - 1) * weights;
+      for (std::int64_t i = first; i < last; ++i) dw[i] += add[i];
+    }
+  });
+}
+
+}  // namespace hybra::detail::nn
+
+#endif
