@@ -35,9 +35,9 @@ namespace hybra::detail::nn {
 
 // Where oneDNN wins (docs/benchmarks.md): ungrouped, undilated convolutions
 // with a spatial kernel over at least 64 channels into at least 64 filters.
-// The forward pass also needs enough output pixels to pay for reordering the
-// weights on every call; the data gradient, whose sums run over the
-// filters, needs at least 128 of them.
+// The forward pass also needs enough output pixels to pay for reordering its
+// operands on every call: 1024 with 128 filters or more, 16384 with fewer.
+// The data gradient, whose sums run over the filters, needs 128 of them.
 inline bool onednn_serves(ConvPass pass, const Conv2dGeometry& g) {
   if (!backend::cpu::onednn::enabled()) return false;
   if (g.groups != 1 || g.dh != 1 || g.dw != 1 || g.KH * g.KW == 1 || g.C < 64 || g.F < 64 || g.N * g.OH * g.OW == 0)
@@ -45,7 +45,7 @@ inline bool onednn_serves(ConvPass pass, const Conv2dGeometry& g) {
   // Output sizes that leave input rows or columns unread (a negative end padding to oneDNN) stay hybra's.
   if ((g.OH - 1) * g.sh + g.KH < g.H + g.ph || (g.OW - 1) * g.sw + g.KW < g.W + g.pw) return false;
   switch (pass) {
-    case ConvPass::forward: return g.N * g.OH * g.OW >= 1024;
+    case ConvPass::forward: return g.N * g.OH * g.OW >= (g.F >= 128 ? 1024 : 16384);
     case ConvPass::backward_data: return g.F >= 128;
     case ConvPass::backward_weight: return true;
   }
