@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "conv_geometry.hpp"
-#include "window.hpp"
 
 namespace hybra::detail::nn {
 
