@@ -3,7 +3,9 @@
 // threads, printing the typed graph, and errors.
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <hybra/eager.hpp>
 #include <limits>
 
@@ -114,6 +116,77 @@ TEST_CASE("the activations of current models match their formulas, fused with th
   }();
   CHECK(Tensor(leaky).to_vector<float>() == std::vector<float>{-0.3f, 1, 3});
   CHECK(Tensor(exponential).to_vector<float>()[0] == doctest::Approx(0.5 * std::expm1(-2.0)));
+}
+
+// float32 exp, tanh and sigmoid are hybra's polynomials (backend/cpu/vector_math.hpp)
+// in builds for AVX2 and FMA, glibc's otherwise: both are bounded here over the
+// whole float range, and hybra's functions are checked on their own too.
+TEST_CASE("float32 exp, tanh and sigmoid: a few units in the last place everywhere, limits, NaN, subnormals") {
+  namespace f32 = backend::cpu::float32;
+  // Every 4093rd bit pattern (NaNs, infinities and subnormals included), then
+  // a dense run over [-20, 20], where the functions are not yet constant.
+  std::vector<float> xs;
+  for (std::uint64_t b = 0; b < (std::uint64_t{1} << 32); b += 4093) xs.push_back(std::bit_cast<float>(std::uint32_t(b)));
+  for (int i = -(1 << 18); i <= (1 << 18); ++i) xs.push_back(20.0f * static_cast<float>(i) / (1 << 18));
+  const Tensor x = array<float>(xs);
+  // |got - want| in units of the last place of float32 at want (subnormals: 2^-149)
+  auto ulps = [](float got, double want) {
+    if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got) ? 0.0 : 1e9;
+    if (std::abs(want) > std::numeric_limits<float>::max()) return std::isinf(got) && (got > 0) == (want > 0) ? 0.0 : 1e9;
+    const double unit = std::abs(want) < std::numeric_limits<float>::min()
+                            ? std::ldexp(1.0, -149)
+                            : std::ldexp(1.0, std::ilogb(want) - 23);
+    return std::abs(got - want) / unit;
+  };
+  struct Case {
+    const char* name;
+    Tensor op;
+    float (*hybras)(float);
+    double (*reference)(double);
+    double bound;  // ulps; hybra's measured over every float: 1.00, 2.66, 2.83
+    bool subnormal_may_be_zero;
+  };
+  const Case cases[] = {
+      {"exp", exp(x), f32::exp, [](double a) { return std::exp(a); }, 1.5, false},
+      {"tanh", tanh(x), f32::tanh, [](double a) { return std::tanh(a); }, 3.0, false},
+      {"sigmoid", sigmoid(x), f32::sigmoid, [](double a) { return 1 / (1 + std::exp(-a)); }, 3.0, true},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const auto op = c.op.to_vector<float>();
+    std::vector<float> own(xs.size());
+    for (std::size_t i = 0; i < xs.size(); ++i) own[i] = c.hybras(xs[i]);
+    for (const std::vector<float>* got : {&op, static_cast<const std::vector<float>*>(&own)}) {
+      double worst = 0;
+      float worst_at = 0;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const double want = c.reference(xs[i]);
+        const bool zero_allowed = c.subnormal_may_be_zero && std::abs(want) < std::numeric_limits<float>::min();
+        const double error = zero_allowed && (*got)[i] == 0 ? 0 : ulps((*got)[i], want);
+        if (error > worst) worst = error, worst_at = xs[i];
+      }
+      INFO((got == &op ? "the op" : "hybra's function"), ", worst at x = ", worst_at);
+      CHECK(worst <= c.bound);
+    }
+    if (f32::used_by_ops) {  // the vectorised loop computes what the scalar function does
+      bool same = true;
+      for (std::size_t i = 0; i < xs.size(); ++i)
+        same &= std::bit_cast<std::uint32_t>(op[i]) == std::bit_cast<std::uint32_t>(own[i]) ||
+                (std::isnan(op[i]) && std::isnan(own[i]));
+      CHECK(same);
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> edges{-inf, inf, 88.72f, 88.73f, -103.0f, -104.0f, -0.0f};
+  std::vector<float> e, t, s;
+  for (float v : edges) e.push_back(f32::exp(v)), t.push_back(f32::tanh(v)), s.push_back(f32::sigmoid(v));
+  CHECK((e[0] == 0 && e[1] == inf && e[3] == inf && e[5] == 0 && e[6] == 1));
+  CHECK(ulps(e[2], std::exp(double(88.72f))) <= 1.5);  // just below overflow
+  CHECK(e[4] > 0);  // a subnormal result, not flushed
+  CHECK(ulps(e[4], std::exp(-103.0)) <= 1);
+  CHECK(t == std::vector<float>{-1, 1, 1, 1, -1, -1, 0});
+  CHECK(std::signbit(t[6]));  // tanh(-0) = -0
+  CHECK(s == std::vector<float>{0, 1, 1, 1, 0, 0, 0.5f});
 }
 
 TEST_CASE("softplus is exact where exp overflows or 1 + e^x rounds to 1, and MXNet's softrelu is softplus") {

@@ -8,8 +8,8 @@
 //   rule    how the result dtype follows from the operands' (DTypeRule)
 //   apply   the scalar function, on operands already converted to the
 //           compute type (for `where`, the condition comes first as a bool)
-//   costly  true when apply costs tens of instructions per element (a call
-//           into vector math on the CPU): a fused loop containing such an op
+//   costly  true when apply costs tens of instructions per element (vector
+//           math on the CPU, backend/cpu/vector_math.hpp): a fused loop containing such an op
 //           is compute-bound and prefetches its operands (expr/evaluate.hpp)
 //   mxnet   MXNet's spellings on arrays (the first is written; default: the
 //           name); binary ops also `mxnet_scalar` (array op scalar), and where
@@ -93,6 +93,30 @@ HYBRA_HD constexpr T wrapping(T a, T b, F f) {
   } else {
     return static_cast<T>(f(a, b));
   }
+}
+// float32 exp, tanh and sigmoid in a build for AVX2 and FMA are hybra's own,
+// which GCC vectorises inline (backend/cpu/vector_math.hpp); CUDA's are
+// NVRTC's and nvcc's.
+template <class T>
+HYBRA_HD T exp(T a) {
+#if !defined(__CUDACC_RTC__) && !defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, float> && backend::cpu::float32::used_by_ops) return backend::cpu::float32::exp(a);
+#endif
+  return math::exp(a);
+}
+template <class T>
+HYBRA_HD T tanh(T a) {
+#if !defined(__CUDACC_RTC__) && !defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, float> && backend::cpu::float32::used_by_ops) return backend::cpu::float32::tanh(a);
+#endif
+  return math::tanh(a);
+}
+template <class T>
+HYBRA_HD T sigmoid(T a) {
+#if !defined(__CUDACC_RTC__) && !defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, float> && backend::cpu::float32::used_by_ops) return backend::cpu::float32::sigmoid(a);
+#endif
+  return T(1) / (T(1) + math::exp(-a));
 }
 template <class T>
 HYBRA_HD constexpr T int_pow(T base, T exp) {
@@ -201,7 +225,7 @@ struct not_equal : comparison<not_equal_name, ne_name> {
 };
 struct exp : entry<exp_name, none_name, 1, promote_float> {
   static constexpr bool costly = true;
-  template <class T> HYBRA_HD static T apply(T a) { return math::exp(a); }
+  template <class T> HYBRA_HD static T apply(T a) { return detail::exp(a); }
   template <class G> static auto gradient(const G& g) { return g.grads(g.dy * g.out); }
 };
 struct log : entry<log_name, none_name, 1, promote_float> {
@@ -222,12 +246,12 @@ struct abs : entry<abs_name, none_name, 1, promote> {
 };
 struct tanh : entry<tanh_name, none_name, 1, promote_float> {
   static constexpr bool costly = true;
-  template <class T> HYBRA_HD static T apply(T a) { return math::tanh(a); }
+  template <class T> HYBRA_HD static T apply(T a) { return detail::tanh(a); }
   template <class G> static auto gradient(const G& g) { return g.grads(g.dy * (1 - g.out * g.out)); }
 };
 struct sigmoid : entry<sigmoid_name, none_name, 1, promote_float> {
   static constexpr bool costly = true;
-  template <class T> HYBRA_HD static T apply(T a) { return T(1) / (T(1) + math::exp(-a)); }
+  template <class T> HYBRA_HD static T apply(T a) { return detail::sigmoid(a); }
   template <class G> static auto gradient(const G& g) { return g.grads(g.dy * g.out * (1 - g.out)); }
 };
 // Written as a select on `a < 0` (not `a > 0 ? a : 0`) so NaN propagates and
