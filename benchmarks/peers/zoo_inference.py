@@ -4,10 +4,12 @@
                                        as hybra's bench_zoo imports them
   zoo_inference.py mxnet DIR           MXNet runs the exported files (SymbolBlock.imports, static_alloc)
   zoo_inference.py torch               PyTorch 2 runs torchvision's same networks (eager, inference mode)
-  options: --batches 1,2,32  --models resnet18_v1,...
+  options: --batches 1,2,32  --models resnet18_v1,...  --calls N
 
 Each case: the time of one call, the caller waiting for the output, after 2 warm-up calls; calls repeated
 for at least 1 s (and 3 calls), the median printed with min and max, in bench_zoo's units (ms).
+With --calls N, each case times N calls after the warm-up instead and prints every call's time, as
+bench_zoo --calls does (benchmarks/zoo_under_load.sh).
 Thread counts come from the environment (zoo_inference.sh sets OMP_NUM_THREADS; torch.set_num_threads
 follows it).
 """
@@ -27,12 +29,20 @@ MODELS = {
 }
 
 
+CALLS = 0  # --calls
+
+
 def timed(call):
     for _ in range(2):
         call()
     times = []
     start = time.perf_counter()
-    while len(times) < 3 or time.perf_counter() - start < 1.0:
+    def enough():
+        if CALLS:
+            return len(times) >= CALLS
+        return len(times) >= 3 and time.perf_counter() - start >= 1.0
+
+    while not enough():
         t = time.perf_counter()
         call()
         times.append(time.perf_counter() - t)
@@ -41,6 +51,9 @@ def timed(call):
 
 def report(system, name, batch, times):
     ms = [1e3 * t for t in times]
+    if CALLS:
+        print("%s %s/batch:%d calls_ms %s" % (system, name, batch, " ".join("%.3f" % t for t in ms)), flush=True)
+        return
     print("%s %s/batch:%d %.2f ms (median of %d; min %.2f, max %.2f)"
           % (system, name, batch, statistics.median(ms), len(ms), min(ms), max(ms)), flush=True)
 
@@ -90,7 +103,10 @@ def main():
     p.add_argument("dir", nargs="?")
     p.add_argument("--batches", default="1,2,32")
     p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--calls", type=int, default=0)
     args = p.parse_args()
+    global CALLS
+    CALLS = args.calls
     models = args.models.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     if args.mode == "export":
