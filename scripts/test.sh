@@ -12,14 +12,17 @@
 #   2. build-fuzz/  libFuzzer + ASan/UBSan on the model-file parsers
 #                   (tests/fuzz/run.sh): 25 s per target from the seed corpora,
 #                   failing on any crash, stray exception or sanitizer report.
-#   3. build-asan/  AddressSanitizer + UBSan, unit and MPI tests, run with
+#   3. build-asan/  AddressSanitizer + UBSan, unit (but test_gpu.cpp, whose
+#                   cases need a GPU) and MPI tests, run with
 #                   leak detection. -O0 -g1: the same checks as -O1 at half the
 #                   compile time; -g1 still gives file:line. UBSan without its
 #                   null and alignment checks, which cost another third of the
 #                   compile time: ASan reports null dereferences itself, and the
 #                   fuzz stage (clang, full UBSan) checks the alignment of what
 #                   the parsers read.
-#   4. build-tsan/  ThreadSanitizer, unit and MPI tests: the engine's worker
+#   4. build-tsan/  ThreadSanitizer, MPI tests and the unit tests but
+#                   test_gpu.cpp and the files whose code under test runs on
+#                   one thread (HYBRA_UNIT_TESTS_LEFT_OUT): the engine's worker
 #                   threads, its waits and the async tests, checked for data races
 #                   and lock-order inversions, and the pieces of parallel loops.
 #                   Built with -DHYBRA_OPENMP=OFF (libgomp is not instrumented:
