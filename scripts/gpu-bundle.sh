@@ -4,8 +4,10 @@
 # it. That machine runs another image (CUDA 13.0, no Boost, doctest, OpenBLAS or Google Benchmark, no
 # network, 64 MiB carried), so the bundle holds:
 #   - programs: the `gpu` test cases (hybra_gpu_tests), examples/cuda_fusion (nvcc), benchmarks/bench_cuda,
-#     examples/train_lenet and examples/train_resnet; Release, -march=x86-64-v3 (never native: this CPU is not that one), libstdc++,
-#     libgcc, libgomp, OpenBLAS, Boost.JSON and zlib linked statically. Debian ships Google Benchmark as a
+#     examples/train_lenet and examples/train_resnet; Release, -march=x86-64-v3 (never native: this CPU is not
+#     that one), libstdc++, libgcc, libgomp, OpenBLAS, Boost.JSON and zlib linked statically; built without
+#     oneDNN, which Debian ships as a shared library only and which serves only CPU convolutions (the GPU
+#     tests' CPU references run on hybra's own kernels). Debian ships Google Benchmark as a
 #     shared library only: bench_cuda finds it (and the libstdc++ it needs) in lib/ by its RPATH. Each
 #     program carries all of OpenBLAS (30 MB); one solid xz archive stores the copies once;
 #   - hybra's headers and kernels/, which NVRTC compiles there (HYBRA_INCLUDE_DIR, HYBRA_KERNELS_DIR);
@@ -45,7 +47,7 @@ cmake -S . -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release --log-level=WARNING \
   -DHYBRA_BENCHMARK_MARCH=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc -Wl,--disable-new-dtags" \
   -DCMAKE_CXX_STANDARD_LIBRARIES="$static_runtime" -DOpenMP_gomp_LIBRARY="$gcc_lib/libgomp.a" \
-  -DBLA_STATIC=ON -DBoost_USE_STATIC_LIBS=ON -DZLIB_USE_STATIC_LIBS=ON -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON \
+  -DBLA_STATIC=ON -DBoost_USE_STATIC_LIBS=ON -DZLIB_USE_STATIC_LIBS=ON -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DHYBRA_ONEDNN=OFF \
   -DCMAKE_BUILD_RPATH='$ORIGIN/../lib'
 programs=(hybra_gpu_tests cuda_fusion bench_cuda train_lenet train_resnet)
 say "build ${programs[*]} and the stand-ins"
