@@ -151,12 +151,11 @@ TEST_CASE("conv2d matches the reference loop: stride, padding, dilation, groups,
 }
 
 TEST_CASE("conv2d's product: every variant this CPU runs (AVX-512, AVX2, generic) on every tile shape") {
-  auto check = [](auto tag) {
+  auto check = [](auto tag, std::int64_t K) {
     using T = typename decltype(tag)::type;
     const std::int64_t ld = 80;
     for (std::int64_t M : {1, 5, 6, 7, 13, 16}) {
-      for (std::int64_t n : {1, 7, 16, 33, 64}) {
-        const std::int64_t K = 9;
+      for (std::int64_t n : {1, 7, 16, 33, 64, 70}) {
         auto a = random_normal({M, K}, 0, 1, dtype_of_v<T>).template to_vector<T>();
         auto b = random_normal({K, ld}, 0, 1, dtype_of_v<T>).template to_vector<T>();
         auto bias = random_normal({M}, 0, 1, dtype_of_v<T>).template to_vector<T>();
@@ -170,24 +169,46 @@ TEST_CASE("conv2d's product: every variant this CPU runs (AVX-512, AVX2, generic
               sum += double(a[static_cast<std::size_t>(i * K + k)]) * b[static_cast<std::size_t>(rows[k] + j)];
             ref.push_back(sum);
           }
+        // Summed in k order (backend/cpu/product.hpp): a plain loop's bits, each multiply-add fused (the AVX2
+        // and AVX-512 variants) or not (the generic one).
+        auto in_k_order = [&](bool fused) {
+          std::vector<T> r;
+          for (std::int64_t i = 0; i < M; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              T sum = bias[static_cast<std::size_t>(i)];
+              for (std::int64_t k = 0; k < K; ++k) {
+                const T x = a[static_cast<std::size_t>(i * K + k)], y = b[static_cast<std::size_t>(rows[k] + j)];
+                sum = fused ? std::fma(x, y, sum) : static_cast<T>(sum + x * y);
+              }
+              r.push_back(sum);
+            }
+          return r;
+        };
+        const auto fused = in_k_order(true), unfused = in_k_order(false);
         for (auto variant : hybra::backend::cpu::product_variants<T>()) {
           CAPTURE(M);
           CAPTURE(n);
+          CAPTURE(K);
           std::vector<T> c(static_cast<std::size_t>(M * (n + 3)), T(-7));
           variant(hybra::backend::cpu::Product<T>{a.data(), K, b.data(), rows.data(), bias.data(), c.data(), n + 3, M,
                                                   K, n});
           std::vector<double> got;
+          std::vector<T> bits;
           for (std::int64_t i = 0; i < M; ++i) {
             for (std::int64_t j = 0; j < n; ++j) got.push_back(c[static_cast<std::size_t>(i * (n + 3) + j)]);
+            for (std::int64_t j = 0; j < n; ++j) bits.push_back(c[static_cast<std::size_t>(i * (n + 3) + j)]);
             for (std::int64_t j = n; j < n + 3; ++j) CHECK(c[static_cast<std::size_t>(i * (n + 3) + j)] == T(-7));
           }
-          CHECK(max_error(got, ref) <= tolerance(dtype_of_v<T>));
+          CHECK(max_error(got, ref) <= tolerance(dtype_of_v<T>) * static_cast<double>(K) / 9);
+          CHECK((bits == fused || bits == unfused));
         }
       }
     }
   };
-  check(type_tag<float>{});
-  check(type_tag<double>{});
+  for (std::int64_t K : {9, 300}) {
+    check(type_tag<float>{}, K);
+    check(type_tag<double>{}, K);
+  }
 }
 
 TEST_CASE("conv2d: mixed dtypes promote, views and expressions are accepted, empty batches and channels") {
