@@ -2,7 +2,8 @@
 // every elementwise op of the table in every dtype it keeps, a long fused
 // expression, broadcast operands and views, products through cuBLAS(Lt),
 // reductions, argmax and softmax (eager and in a replayed plan),
-// convolutions, pooling and their gradients and batch_norm, the chapter's
+// convolutions, pooling and their gradients and batch_norm (eager, and in a
+// captured residual block, decomposed into a convolution's epilogue), the chapter's
 // MLP (eager and hybridized, replayed as a CUDA graph) and LeNet (trained on
 // cuda(0)), a captured
 // elementwise graph, copies between the host and GPUs, and the caching
@@ -15,7 +16,9 @@
 #include <cmath>
 #include <cstdio>
 #include <hybra/hybra.hpp>
+#include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -433,6 +436,43 @@ TEST_SUITE("gpu" * doctest::skip()) {
         for (double v : b) scale = std::max(scale, std::abs(v));
         for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5).scale(scale));
       }
+    }
+    CHECK(on_gpu.graphs_recorded() == 1);
+  }
+
+  TEST_CASE("gpu: a residual block's batch_norm, decomposed into its convolution's epilogue, replayed as a CUDA graph, against the CPU") {
+    if (!gpu_present()) return;
+    seed(13);
+    std::unordered_map<std::string, Tensor> values{{"x", random_normal({4, 3, 12, 12})},
+                                                   {"w1", random_normal({8, 3, 3, 3})},
+                                                   {"w2", random_normal({8, 3, 1, 1})}};
+    auto bn = [&](const Symbol& v, const std::string& id) {
+      std::vector<Symbol> p;
+      for (const char* part : {"gamma", "beta", "mean", "var"}) {
+        const std::string key = id + part;
+        values.emplace(key, random_uniform({8}, part == std::string("var") ? 0.25 : -0.5, 1.25));
+        p.push_back(sym::var(key, Shape{8}));
+      }
+      return batch_norm(v, p[0], p[1], p[2], p[3]);
+    };
+    auto X = sym::var("x", Shape{4, 3, 12, 12});
+    auto W1 = sym::var("w1", Shape{8, 3, 3, 3}), W2 = sym::var("w2", Shape{8, 3, 1, 1});
+    const auto g = graph::optimize(graph::trace({relu(bn(conv2d(X, W1, {}, 1, 1), "a") + bn(conv2d(X, W2), "b"))}));
+    for (const auto& n : g.nodes) CHECK(n.op != "batch_norm");
+    jit::Plan on_gpu(g, cuda(0), false, "gpu residual block"), on_cpu(g, cpu(), false, "cpu residual block");
+    REQUIRE(on_gpu.replays_graph());
+    std::vector<Tensor> in, gpu_in;
+    for (int v : g.vars()) {
+      in.push_back(values.at(g.nodes[static_cast<std::size_t>(v)].name));
+      gpu_in.push_back(in.back().to(cuda(0)));
+    }
+    const auto want = on_cpu(in)[0].to_vector<double>();
+    double scale = 0;
+    for (double v : want) scale = std::max(scale, std::abs(v));
+    for (int call = 0; call < 3; ++call) {
+      const auto got = on_gpu(gpu_in)[0].to_vector<double>();
+      REQUIRE(got.size() == want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5).scale(scale));
     }
     CHECK(on_gpu.graphs_recorded() == 1);
   }

@@ -275,6 +275,45 @@ TEST_CASE("matmul epilogue: bias-add and activation are fused into the product")
   for (const auto& n : two.nodes) CHECK_FALSE(n.body);
 }
 
+TEST_CASE("batch_norm decomposes into its producer's epilogue, with the op's own arithmetic") {
+  auto channel = [](std::int64_t c, double lo) { return sym::constant(random_uniform({c}, lo, lo + 1)); };
+  auto bn = [&](const Symbol& v, std::int64_t c, std::int64_t axis = 1) {
+    return batch_norm(v, channel(c, 0.5), channel(c, -0.5), channel(c, -0.5), channel(c, 0.25), 1e-3, axis);
+  };
+  // 20 x 20 pixels: a channel's run of one broadcast value spans several of the fused loop's blocks.
+  auto x = sym::var("x", Shape{2, 3, 20, 20});
+  auto w1 = sym::constant(random_normal({4, 3, 3, 3})), w2 = sym::constant(random_normal({4, 3, 1, 1}));
+  // ResNet's residual block: conv, BatchNorm, add the shortcut's conv and BatchNorm, ReLU.
+  Symbol block = relu(bn(conv2d(x, w1, {}, 1, 1), 4) + bn(conv2d(x, w2), 4));
+  auto d = sym::var("d", Shape{5, 8});
+  Symbol dense = relu(bn(fully_connected(d, sym::constant(random_normal({6, 8}))), 6));
+  Symbol last_axis = bn(d, 8, -1);
+  const auto g = graph::trace({block, dense, last_axis});
+  const auto optimized = graph::optimize(g);
+  CHECK(count_op(optimized, "batch_norm") == 0);
+  CHECK(count_op(optimized, "conv2d") == 2);
+  CHECK(count_op(optimized, "relu") == 0);  // in the epilogues
+  std::size_t with_epilogue = 0;  // one convolution's epilogue reads the other's result
+  for (const auto& n : optimized.nodes) {
+    if (n.op == "conv2d" && n.body) ++with_epilogue;
+    if (n.op == "fully_connected") CHECK(n.body);
+  }
+  CHECK(with_epilogue == 1);
+  std::unordered_map<std::string, Tensor> in{{"x", random_normal({2, 3, 20, 20})}, {"d", random_normal({5, 8})}};
+  const auto want = graph::run(g, in), got = planned(optimized, in);
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    CAPTURE(k);
+    CHECK(max_rel_diff(got[k], want[k]) <= 1e-6);
+#ifndef __FMA__
+    CHECK(got[k].to_vector<float>() == want[k].to_vector<float>());  // unless a * b + c contracts
+#endif
+  }
+  // Operands of another dtype keep the op, whose kernel converts them.
+  auto h = sym::var("h", Shape{2, 3}, DType::float16);
+  const auto kept = graph::optimize(graph::trace({bn(h, 3)}));
+  CHECK(count_op(kept, "batch_norm") == 1);
+}
+
 TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's peak shows it") {
   auto x = sym::var("x", Shape{16, 64});
   Symbol h = x;

@@ -34,7 +34,7 @@ inline std::vector<Tensor> node_input_gradients(const Node& node, std::vector<Te
   if (node.backward) return node.backward(output_grads);
   std::vector<Symbol> in;
   for (std::size_t i = 0; i < node.inputs.size(); ++i) in.push_back(operand_symbol(node.inputs[i], node.weak[i]));
-  const GradContext c{in, sym::constant(node.outputs[0]), sym::constant(output_grads[0]), node.attrs, wanted};
+  const GradContext c{{in, node.attrs, "gradient"}, sym::constant(node.outputs[0]), sym::constant(output_grads[0]), wanted};
   std::vector<Symbol> grads = input_gradients(node.op, c), defined;
   for (const auto& g : grads)
     if (g.defined()) defined.push_back(g);
@@ -179,7 +179,7 @@ inline std::vector<Symbol> grad(const std::vector<Symbol>& heads, const std::vec
       any = any || wanted.back();
     }
     if (!any) continue;
-    const GradContext c{in, Symbol(owner.at(n)), found->second, n->attrs, wanted};
+    const GradContext c{{in, n->attrs, "gradient"}, Symbol(owner.at(n)), found->second, wanted};
     auto g = input_gradients(n->op, c);
     for (std::size_t i = 0; i < g.size(); ++i)
       if (g[i].defined()) accumulate(n->inputs[i].get(), g[i]);

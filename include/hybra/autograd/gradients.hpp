@@ -2,7 +2,7 @@
 // The gradient rules of every op, generated from the op table
 // (ops/table.hpp): each op's `gradient` facet, a template over this file's
 // GradContext, which gives it the operands, the result, the result's
-// gradient and the symbolic functions it composes; a compile-time check
+// gradient and the symbolic functions it composes (graph/compose.hpp); a compile-time check
 // refuses an op without one (unless only gradients make it). A rule is
 // written once, over symbols: it adds the nodes that compute the operands'
 // gradients. The eager tape (backward.hpp) calls it with constants (the
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "../core/separate_compilation.hpp"
-#include "../graph/symbol.hpp"
+#include "../graph/compose.hpp"
 
 namespace hybra::autograd {
 
@@ -36,53 +36,17 @@ inline std::vector<std::int64_t> broadcast_axes(const Shape& from, const Shape& 
 }
 }  // namespace detail
 
-// What a rule is given, and the functions it composes. Inside hybra::op the
-// names exp, where, sum, ... are the ops' entries, so rules call the
-// symbolic functions through this context (g.where(...)).
-struct GradContext {
-  using symbol = Symbol;
-
-  std::span<const Symbol> in;  // the op's operands
-  Symbol out;                  // its result
-  Symbol dy;                   // the gradient of its result
-  const op::Attrs& attrs;
+// What a gradient rule is given beyond the node's operands and attributes:
+// the result, its gradient and which operands want one.
+struct GradContext : graph::RuleContext {
+  Symbol out;                // the op's result
+  Symbol dy;                 // the gradient of its result
   std::vector<bool> wanted;  // which operands need a gradient
-
-  const Shape& shape(std::size_t i) const { return in[i].shape(); }
-  std::int64_t int_attr(std::string_view key) const { return op::int_attr(attrs, key, "gradient"); }
 
   // The operands' gradients, in order (fewer than the operands: the rest get none).
   template <class... X>
   static std::vector<Symbol> grads(X&&... x) {
     return {Symbol(std::forward<X>(x))...};
-  }
-  template <class X>
-  static Symbol sym(X&& x) {
-    return Symbol(std::forward<X>(x));
-  }
-
-#define HYBRA_GRADIENT_FUNCTION(fn)                  \
-  template <class... A>                              \
-  static Symbol fn(A&&... a) {                       \
-    return Symbol(hybra::fn(std::forward<A>(a)...)); \
-  }
-  HYBRA_GRADIENT_FUNCTION(where)
-  HYBRA_GRADIENT_FUNCTION(exp)
-  HYBRA_GRADIENT_FUNCTION(log)
-  HYBRA_GRADIENT_FUNCTION(pow)
-  HYBRA_GRADIENT_FUNCTION(sqrt)
-  HYBRA_GRADIENT_FUNCTION(sigmoid)
-  HYBRA_GRADIENT_FUNCTION(sum)
-  HYBRA_GRADIENT_FUNCTION(reshape)
-  HYBRA_GRADIENT_FUNCTION(broadcast_to)
-  HYBRA_GRADIENT_FUNCTION(transpose)
-  HYBRA_GRADIENT_FUNCTION(matmul)
-  HYBRA_GRADIENT_FUNCTION(flatten)
-  HYBRA_GRADIENT_FUNCTION(slice)
-#undef HYBRA_GRADIENT_FUNCTION
-  // A node of an op that only gradients use.
-  static Symbol make(std::string op, op::Attrs attrs, std::vector<Symbol> inputs) {
-    return graph::make_symbol(std::move(op), std::move(attrs), std::move(inputs));
   }
   static op::Attrs with_shape(op::Attrs attrs, const Shape& shape) {
     attrs.emplace_back("shape", op::attr_text(shape));
@@ -145,11 +109,7 @@ constexpr GradRule rule_of() {
 HYBRA_SEPARABLE const std::unordered_map<std::string_view, GradRule>& rules();
 #if HYBRA_DEFINE_SEPARABLE
 HYBRA_SEPARABLE const std::unordered_map<std::string_view, GradRule>& rules() {
-  static const auto table = [] {
-    std::unordered_map<std::string_view, GradRule> t;
-    op::for_each_op([&](auto op) { t.emplace(decltype(op)::name, rule_of<decltype(op)>()); });
-    return t;
-  }();
+  static const auto table = op::by_name<GradRule>([]<class Op>() { return rule_of<Op>(); });
   return table;
 }
 #endif

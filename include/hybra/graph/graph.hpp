@@ -53,38 +53,43 @@ inline std::size_t own_inputs(const Node& n) {
   return n.inputs.size() - (n.body->vars().size() - 1);
 }
 
-// The graph of everything the outputs depend on. Two different vars may not
-// share a name (inputs are bound by name).
+// Appends to g the nodes `out` depends on that `id` does not number yet
+// (operands first), numbering them in `id`; returns out's number. Two
+// different vars may not share a name (inputs are bound by name).
+inline int append(Graph& g, const Symbol& out, std::unordered_map<const SymNode*, int>& id,
+                  std::unordered_map<std::string, const SymNode*>& var_names) {
+  std::vector<std::pair<const SymNode*, std::size_t>> stack;
+  stack.emplace_back(&out.require("graph::trace").node(), 0);
+  while (!stack.empty()) {
+    auto& [n, next] = stack.back();
+    if (id.count(n)) {
+      stack.pop_back();
+      continue;
+    }
+    if (next < n->inputs.size()) {
+      stack.emplace_back(n->inputs[next++].get(), 0);
+      continue;
+    }
+    if (n->op == "var") {
+      auto [it, fresh] = var_names.emplace(n->name, n);
+      if (!fresh && it->second != n)
+        fail<ValueError>("graph: two different vars are named '", n->name, "'; inputs are bound by name");
+    }
+    Node node{n->op, n->name, n->attrs, {}, n->meta, n->value, nullptr};
+    for (const auto& in : n->inputs) node.inputs.push_back(id.at(in.get()));
+    id.emplace(n, static_cast<int>(g.nodes.size()));
+    g.nodes.push_back(std::move(node));
+    stack.pop_back();
+  }
+  return id.at(&out.node());
+}
+
+// The graph of everything the outputs depend on.
 inline Graph trace(const std::vector<Symbol>& outputs) {
   Graph g;
   std::unordered_map<const SymNode*, int> id;
   std::unordered_map<std::string, const SymNode*> var_names;
-  std::vector<std::pair<const SymNode*, std::size_t>> stack;
-  for (const auto& out : outputs) {
-    stack.emplace_back(&out.require("graph::trace").node(), 0);
-    while (!stack.empty()) {
-      auto& [n, next] = stack.back();
-      if (id.count(n)) {
-        stack.pop_back();
-        continue;
-      }
-      if (next < n->inputs.size()) {
-        stack.emplace_back(n->inputs[next++].get(), 0);
-        continue;
-      }
-      if (n->op == "var") {
-        auto [it, fresh] = var_names.emplace(n->name, n);
-        if (!fresh && it->second != n)
-          fail<ValueError>("graph: two different vars are named '", n->name, "'; inputs are bound by name");
-      }
-      Node node{n->op, n->name, n->attrs, {}, n->meta, n->value, nullptr};
-      for (const auto& in : n->inputs) node.inputs.push_back(id.at(in.get()));
-      id.emplace(n, static_cast<int>(g.nodes.size()));
-      g.nodes.push_back(std::move(node));
-      stack.pop_back();
-    }
-    g.outputs.push_back(id.at(&out.node()));
-  }
+  for (const auto& out : outputs) g.outputs.push_back(append(g, out, id, var_names));
   return g;
 }
 

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "compose.hpp"
 #include "graph.hpp"
 
 namespace hybra::graph {
@@ -117,6 +118,49 @@ inline std::pair<Graph, std::vector<int>> extract(const Graph& g, const std::vec
 }
 
 }  // namespace detail
+
+// Ops that are compositions of others (ops/op.hpp's `decompose`) become
+// those nodes, so that fusion joins them with their neighbours: batch_norm's
+// multiply and add per channel go into the convolution's epilogue, beside
+// the ReLU. Every other node, vars first among them, keeps its place.
+inline Graph decompose(const Graph& g) {
+  Graph out;
+  std::vector<int> index(g.nodes.size(), -1);
+  std::unordered_map<std::string, const SymNode*> no_vars;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    Node n = g.nodes[i];
+    for (int& in : n.inputs) in = index[static_cast<std::size_t>(in)];
+    const Decomposition rule = is_leaf(n) || n.body || !n.meta.shape ? nullptr : find_decomposition(n.op);
+    // The operands as placeholders that stand for nodes already in `out`, alive until the composition is in.
+    std::vector<Symbol> operands;
+    std::unordered_map<const SymNode*, int> known;
+    Symbol composed;
+    if (rule) {
+      for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+        auto placeholder = std::make_shared<SymNode>();
+        placeholder->op = "var";
+        placeholder->meta = g.nodes[static_cast<std::size_t>(g.nodes[i].inputs[k])].meta;
+        known.emplace(placeholder.get(), n.inputs[k]);
+        operands.emplace_back(std::move(placeholder));
+      }
+      composed = rule(RuleContext{operands, n.attrs, "decompose"});
+      if (composed.defined() && (composed.node().meta.shape != n.meta.shape || composed.node().meta.dtype != n.meta.dtype)) {
+        std::ostringstream os;
+        detail::print_meta(os << "graph::decompose: " << n.op << "'s composition gives ", composed.node().meta);
+        detail::print_meta(os << " where the op gives ", n.meta);
+        fail<ValueError>(os.str());
+      }
+    }
+    if (composed.defined()) {
+      index[i] = append(out, composed, known, no_vars);
+    } else {
+      index[i] = static_cast<int>(out.nodes.size());
+      out.nodes.push_back(std::move(n));
+    }
+  }
+  for (int o : g.outputs) out.outputs.push_back(index[static_cast<std::size_t>(o)]);
+  return out;
+}
 
 // Drops the nodes no output depends on (vars stay: they are the graph's inputs).
 inline Graph eliminate_dead_code(const Graph& g) {
@@ -299,7 +343,7 @@ inline Graph fuse_epilogues(const Graph& g) {
 
 // Every pass, in order.
 inline Graph optimize(const Graph& g) {
-  Graph out = fold_constants(convert_operands(g));
+  Graph out = fold_constants(convert_operands(decompose(g)));
   out = eliminate_common_subexpressions(out);
   out = eliminate_dead_code(out);
   out = fuse_elementwise(out);

@@ -142,6 +142,25 @@ struct batch_norm {
     return hybra::detail::nn::cuda_batch_norm_launch(in, op::double_attr(a, "eps", name), op::int_attr(a, "axis", name),
                                                      gpu);
   }
+  // In a graph: the kernel's own arithmetic (detail::nn::batch_norm) as
+  // elementwise nodes, so that the multiply and add join the producer's
+  // epilogue and the ReLU after them. Operands of mixed or 16-bit dtypes
+  // keep the op, whose kernel converts them first.
+  template <class C>
+  static auto decompose(const C& c) {
+    using S = typename C::symbol;
+    const DType dtype = c.in[0].dtype();
+    if (dtype != DType::float32 && dtype != DType::float64) return S();
+    for (const auto& p : c.in)
+      if (p.dtype() != dtype) return S();
+    const Shape& x = c.shape(0);
+    const auto axis = static_cast<std::size_t>(normalize_axis(c.int_attr("axis"), x.size(), name));
+    Shape channel(x.size(), 1);
+    channel[axis] = x[axis];
+    auto scale = c.sym(c.in[1] / c.sqrt(c.in[4] + c.double_attr("eps")));
+    auto shift = c.sym(c.in[2] - c.in[3] * scale);
+    return c.sym(c.in[0] * c.reshape(scale, channel) + c.reshape(shift, channel));
+  }
   // The inference form: the running statistics are constants of the forward
   // (auxiliary states), so only x, gamma and beta get gradients.
   template <class G>

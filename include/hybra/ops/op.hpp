@@ -23,6 +23,11 @@
 //                   builder `g` (g.in, g.out, g.dy, g.attrs, g.wanted, and
 //                   the symbolic functions as g.sum, g.where, ...)
 //                   [required unless gradient_only; `g.grads()`: none flows]
+//   decompose(c)    the op as a composition of others, a template over the
+//                   graph's rule context `c` (graph/compose.hpp: c.in,
+//                   c.attrs, c.sqrt, ...); graphs use it so that its parts
+//                   fuse with their neighbours; an undefined symbol keeps
+//                   the node whole                        [none: a primitive]
 //   mxnet           MXNet's spellings (the first is written, all are read),
 //   write(w), read(r)  the node as MXNet's and back, templates over the
 //                   model-file layer's Writing and Reading

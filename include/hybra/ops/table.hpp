@@ -5,6 +5,7 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 
 #include "batch_norm.hpp"
 #include "conv_backward.hpp"
@@ -41,6 +42,15 @@ HYBRA_OPS(HYBRA_NAME_IS_IDENTIFIER)
 template <class F>
 void for_each_op(F&& f) {
   std::apply([&](auto... op) { (f(op), ...); }, all_ops{});
+}
+
+// A facet by op name: facet.template operator()<Op>() for each op (a gradient
+// rule, a decomposition; null where an op has none).
+template <class Value, class Facet>
+std::unordered_map<std::string_view, Value> by_name(Facet facet) {
+  std::unordered_map<std::string_view, Value> table;
+  for_each_op([&](auto op) { table.emplace(decltype(op)::name, facet.template operator()<decltype(op)>()); });
+  return table;
 }
 
 namespace detail {

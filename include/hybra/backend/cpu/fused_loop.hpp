@@ -11,6 +11,7 @@
 // its inputs and output. Instantiating one small loop per (op, dtype) also
 // keeps a translation unit that uses graphs cheap to compile, where a Yap
 // kernel per op would instantiate the whole fused-expression machinery.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -119,6 +120,9 @@ class FusedLoop {
         r[static_cast<std::size_t>(c.reg)] = buf(c.reg);
       }
       boost::container::small_vector<std::int64_t, 9> off(static_cast<std::size_t>(p_.inputs) + 1);
+      // A broadcast input (stride 0: a per-channel scale, say) holds one value over an item's blocks: its
+      // register is filled when that value's address changes, not per block.
+      boost::container::small_vector<const T*, 8> filled(static_cast<std::size_t>(p_.inputs), nullptr);
       for (std::int64_t item = first; item < last; ++item) {
         const std::int64_t len = plan.locate(item, off.data());
         T* dst = out + off.back();
@@ -130,6 +134,10 @@ class FusedLoop {
             const T* src = in[k] + off[ks] + b * s;
             if (s == 1) {
               r[ks] = src;
+            } else if (s == 0) {
+              if (filled[ks] != src) std::fill_n(buf(k), detail::block, *src);
+              filled[ks] = src;
+              r[ks] = buf(k);
             } else {
               T* d = buf(k);
               for (std::int64_t i = 0; i < n; ++i) d[i] = src[i * s];
