@@ -6,7 +6,9 @@
 // are the ops' entries, so rules call the functions through the context
 // (c.sqrt(...)). This file holds that context and the table of the ops'
 // decompositions, generated from the op table (ops/table.hpp).
+#include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
