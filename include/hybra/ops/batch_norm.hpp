@@ -167,7 +167,7 @@ struct batch_norm {
   static auto gradient(const G& g) {
     const Shape& x = g.shape(0);
     const auto axis = static_cast<std::size_t>(normalize_axis(g.int_attr("axis"), x.size(), "gradient"));
-    const double eps = op::double_attr(g.attrs, "eps", "gradient");
+    const double eps = g.double_attr("eps");
     Shape channel(x.size(), 1);
     channel[axis] = x[axis];
     std::vector<std::int64_t> others;

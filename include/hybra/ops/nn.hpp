@@ -307,7 +307,7 @@ struct dropout {
   // gets no gradient, which matters only where x is exactly 0).
   template <class G>
   static auto gradient(const G& g) {
-    const double rate = op::double_attr(g.attrs, "rate", "gradient");
+    const double rate = g.double_attr("rate");
     return g.grads(g.where(g.out != 0, g.dy * (1 / (1 - rate)), 0));
   }
   static constexpr std::array<std::string_view, 1> mxnet{"Dropout"};
