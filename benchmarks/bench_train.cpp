@@ -17,7 +17,8 @@
 //                              uses. Built only when CMake finds Torch (Debian: libtorch-dev).
 //   BM_conv/<pass>/<layer>     one pass (forward, data or weight gradient) of a convolution
 //                              of D2L's ResNet-18 training step (batch 64 of 28x28 images), or
-//                              of the zoo's ResNet-18 inference (batch 2 of 224x224): hybra's
+//                              of the zoo's inference (batch 2 of 224x224: ResNet-18's layers,
+//                              ResNet-50's 1x1 layers, VGG's and AlexNet's first): hybra's
 //                              kernels or oneDNN's, as ops/conv_onednn.hpp decides;
 //                              HYBRA_ONEDNN=0 times hybra's own on every layer.
 #include <benchmark/benchmark.h>
@@ -101,6 +102,11 @@ constexpr ConvLayer conv_layers[] = {
     {"infer_7x7_s2", 2, 3, 224, 64, 7, 2, 3},     {"infer_64x56", 2, 64, 56, 64, 3, 1, 1},
     {"infer_64to128x56_s2", 2, 64, 56, 128, 3, 2, 1}, {"infer_128x28", 2, 128, 28, 128, 3, 1, 1},
     {"infer_256x14", 2, 256, 14, 256, 3, 1, 1},   {"infer_512x7", 2, 512, 7, 512, 3, 1, 1},
+    // ResNet-50's 1x1 layers, VGG's and AlexNet's first layers, at batch 2 of 224x224.
+    {"infer_1x1_64to256x56", 2, 64, 56, 256, 1, 1, 0},   {"infer_1x1_256to64x56", 2, 256, 56, 64, 1, 1, 0},
+    {"infer_1x1_1024to256x14", 2, 1024, 14, 256, 1, 1, 0}, {"infer_1x1_2048to512x7", 2, 2048, 7, 512, 1, 1, 0},
+    {"infer_1x1_512to2048x7", 2, 512, 7, 2048, 1, 1, 0}, {"infer_3x3_3to64x224", 2, 3, 224, 64, 3, 1, 1},
+    {"infer_11x11_s4", 2, 3, 224, 64, 11, 4, 2},
 };
 
 void conv_pass(benchmark::State& state, ConvLayer layer, int pass) {

@@ -484,6 +484,50 @@ TEST_CASE("a conv2d followed by relu is one planned node: the kernel, then the e
   CHECK(max_rel_diff(net(x64), eager64) <= 1e-12);
 }
 
+// Where oneDNN is built in, these convolutions run on it and keep its blocked copy of the weights with their
+// storage (core/derived_forms.hpp). Each case changes the weights by another path between two calls: a kept copy
+// that outlived its weights would give the first call's values again.
+TEST_CASE("conv2d's kept weight layouts never outlive the weights, however they are written") {
+  Tensor x = random_normal({1, 64, 6, 5});
+  auto check = [&](const Tensor& w, const char* after) {
+    CAPTURE(after);
+    const auto ref = conv2d_reference(x, w, {}, 1, 1, 1, 1);
+    CHECK(max_error(conv2d(x, w, {}, 1, 1).to_vector<double>(), ref) <= 2e-5);
+  };
+  Tensor w = random_normal({64, 64, 3, 3});
+  check(w, "first call");
+  check(w, "second call, same weights");
+  w.assign(w * 2.0f + 1.0f);
+  check(w, "an in-place op");
+  random_normal({64, 64, 3, 3}).copy_to(w);
+  check(w, "copy_to");
+  float* raw = w.data<float>();
+  check(w, "data<float>");
+  raw[0] += 100.0f;  // written through the pointer, unseen: the storage keeps no copy since data<float>() handed it out
+  check(w, "a write through data<float>()'s pointer");
+  std::vector<float> user(static_cast<std::size_t>(64 * 64 * 9), 0.5f);
+  Tensor blob = from_blob(user.data(), {64, 64, 3, 3});
+  check(blob, "a user's buffer");
+  user[7] = -3.0f;
+  check(blob, "a write to the user's buffer");
+  // Two weights in one storage: each view's copy is its own.
+  Tensor both = random_normal({128, 64, 3, 3});
+  check(slice(both, 0, 0, 64), "the first half of a storage");
+  check(slice(both, 0, 64, 128), "its second half");
+  check(slice(both, 0, 0, 64), "the first half again");
+  // A captured graph's parameters, changed between calls by an optimizer-style in-place update.
+  nn::Conv2D conv(64, 3, 1, 1, 1, 1, "", false);
+  conv.initialize();
+  conv.hybridize();
+  for (int step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    const Tensor y = conv(x);  // the first call completes the deferred weight shape
+    CHECK(max_error(y.to_vector<double>(), conv2d_reference(x, conv.weight().data(), {}, 1, 1, 1, 1)) <= 2e-5);
+    Tensor weight = conv.weight().data();
+    weight.assign(weight - 0.25f * weight);
+  }
+}
+
 TEST_CASE("Conv2D: parameters, deferred in_channels, groups and bias, eager and hybridized") {
   nn::Conv2D conv(6, {3, 5}, {1, 2}, {1, 2}, 1, 2, "", false);
   CHECK(conv.prefix().starts_with("conv"));

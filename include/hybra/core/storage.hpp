@@ -5,7 +5,9 @@
 // the GPU's caching allocator for cuda(i) (backend/cuda/memory.hpp), or
 // host memory someone else allocated (a user's buffer wrapped without a
 // copy, from_blob), handed back to its release function. A meta storage
-// allocates nothing.
+// allocates nothing. It keeps what kernels derive from its bytes while they
+// stay unchanged (derived_forms.hpp).
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -14,6 +16,7 @@
 
 #include "../backend/cuda/gpu.hpp"
 #include "../engine/var.hpp"
+#include "derived_forms.hpp"
 #include "device.hpp"
 #include "error.hpp"
 
@@ -76,6 +79,17 @@ class Storage {
   Device device() const { return device_; }
   const engine::Var& var() const { return var_; }
 
+  // The form derived from the bytes that matches(form) picks, made at the
+  // var's current write count, or made now by make() (derived_forms.hpp).
+  template <class Form, class Matches, class Make>
+  std::shared_ptr<const Form> derived(Matches&& matches, Make&& make) {
+    if (external_ || untracked_.load(std::memory_order_relaxed)) return std::shared_ptr<const Form>(make());
+    return derived_.get<Form>(var_.writes(), matches, make);
+  }
+  // From now on the bytes may be written where hybra cannot count the writes
+  // (a pointer handed to the user): they keep no derived form.
+  void untrack() { untracked_.store(true, std::memory_order_relaxed); }
+
  private:
   void* data_ = nullptr;
   backend::cuda::CachingAllocator* gpu_memory_ = nullptr;  // set for cuda(i)
@@ -83,7 +97,9 @@ class Storage {
   Device device_;
   std::function<void(void*)> release_;  // of external memory
   bool external_ = false;
+  std::atomic<bool> untracked_{false};
   engine::Var var_;
+  DerivedForms derived_;
 };
 
 }  // namespace hybra

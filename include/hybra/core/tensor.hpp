@@ -96,7 +96,8 @@ class Tensor {
 
   // Typed pointer to contiguous data; T must be this tensor's dtype. Waits
   // until no pending op reads or writes the storage, since the caller may
-  // write through the pointer.
+  // write through the pointer, at any later time: the storage keeps no
+  // derived forms from then on (Storage::untrack).
   template <class T>
   T* data() const {
     static_assert(is_dtype_v<T>, "hybra::Tensor::data<T>: T must be float, double, std::int32_t, std::int64_t or std::uint8_t");
@@ -105,6 +106,7 @@ class Tensor {
     if (!is_contiguous())
       fail<ValueError>("data: tensor of shape ", to_string(shape_), " is a non-contiguous view; call contiguous() first");
     wait_to_write();
+    storage_->untrack();
     return static_cast<T*>(raw_data());
   }
 

@@ -449,6 +449,7 @@ class Engine {
       w.wait();
       failure = std::move(w.dep.failure);
     }
+    if (write) s->writes.fetch_add(1, std::memory_order_acq_rel);
     if (failure) rethrow(*failure);
     if (s->fenced.load(std::memory_order_acquire))
       for (const auto& f : s->gpu_fences()) f.fence->wait();

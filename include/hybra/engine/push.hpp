@@ -63,7 +63,11 @@ inline PushAction prepare_push(std::string_view name, const TensorRefs& reads, c
     for (const Tensor* t : *list)
       if (!t->defined()) fail<ValueError>(name, ": the tensor is empty (default-constructed or moved-from)");
   if (writes.front().device() == meta()) return PushAction::drop;  // shape inference only: no values to compute
-  if (engine::inside_op()) return PushAction::run_now;
+  if (engine::inside_op()) {
+    // The enclosing op holds these vars; the write is still counted (engine::Var::writes).
+    for (const Tensor* t : writes) t->storage()->var().count_write();
+    return PushAction::run_now;
+  }
   for (const Tensor* t : reads) read_vars.push_back(t->storage()->var());
   for (const Tensor* t : writes) {
     write_vars.push_back(t->storage()->var());

@@ -122,6 +122,8 @@ struct VarState {
   // without the lock, so that a var no GPU op has used costs a CPU op nothing).
   GpuFences fences;
   std::atomic<bool> fenced{false};
+  // Writes counted so far (Var::writes).
+  std::atomic<std::uint64_t> writes{0};
 
   GpuFences gpu_fences() {
     std::lock_guard g(lock);
@@ -213,10 +215,12 @@ struct VarState {
   // Called with no write running (finish ended it, or the loop stops at one).
   bool free_for_front() const noexcept { return !head->write || readers == 0; }
   void grant(Dep* d) noexcept {
-    if (d->write)
+    if (d->write) {
       writer = true;
-    else
+      writes.fetch_add(1, std::memory_order_relaxed);
+    } else {
       ++readers;
+    }
     if (d->failure != failure) d->failure = failure;
   }
 };
@@ -244,6 +248,15 @@ class Var {
 
   // The fences of the latest GPU work that used the var, one per GPU.
   detail::GpuFences gpu_fences() const { return state("gpu_fences")->gpu_fences(); }
+
+  // How many times the var's state may have been written: every write an op
+  // was granted, every wait_to_write (its caller may write next), and every
+  // write of an op run inside another op (count_write). Whoever reads the
+  // state and finds the count unchanged since an earlier read knows the
+  // bytes are the same, as long as nothing writes them unseen (a pointer
+  // kept past its op: Tensor::data<T>).
+  std::uint64_t writes() const { return state("writes")->writes.load(std::memory_order_acquire); }
+  void count_write() const { state("count_write")->writes.fetch_add(1, std::memory_order_acq_rel); }
 
  private:
   friend class Engine;

@@ -601,6 +601,13 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
     if (buffer[i].defined()) return buffer[i];
     return *output_of(static_cast<int>(i));
   };
+  // A product's weights whose storage may keep a layout derived from them: a
+  // graph input or constant. Other values live in the workspace, whose bytes
+  // the next steps overwrite with other values.
+  auto weights_storage = [&](int id, const Tensor& w) -> Storage* {
+    const Kind k = steps[static_cast<std::size_t>(id)].kind;
+    return k == Kind::input || k == Kind::constant ? w.storage().get() : nullptr;
+  };
   auto run_loop = [&](const Step& step, const Tensor& own, const Tensor& dst) {
     boost::container::small_vector<const void*, 8> ptrs;
     for (int k : step.loop_inputs) ptrs.push_back((k < 0 ? own : *values[static_cast<std::size_t>(k)]).raw_data());
@@ -642,7 +649,7 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
               const T* bias = b ? static_cast<const T*>(b->raw_data()) : nullptr;
               if (step.conv)
                 hybra::detail::nn::conv2d(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()), bias,
-                                          static_cast<T*>(dst.raw_data()), *step.conv);
+                                          static_cast<T*>(dst.raw_data()), *step.conv, weights_storage(n.inputs[1], w));
               else
                 hybra::detail::nn::dense(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()), bias,
                                          static_cast<T*>(dst.raw_data()), x.shape()[0], x.shape()[1], w.shape()[0]);

@@ -179,9 +179,12 @@ void conv2d_im2col(const T* x, const T* w, const T* b, T* out, const Conv2dGeome
 // eager op and captured graphs so that both give the same bits. Work is
 // split over images, and an image over bands of output rows or pixels when
 // the images are fewer than the threads or an image's working set would
-// not stay in L2.
+// not stay in L2. `weights`: w's storage where a layout derived from w may
+// be kept with it (a tensor the caller holds, not a scratch buffer that
+// other values reuse), or null.
 template <class T>
-void conv2d(const T* x, const T* w, const T* b, T* out, const Conv2dGeometry& g) {
+void conv2d(const T* x, const T* w, const T* b, T* out, const Conv2dGeometry& g,
+            [[maybe_unused]] Storage* weights = nullptr) {
   const std::int64_t P = g.OH * g.OW, K = g.C / g.groups * g.KH * g.KW;
   if (g.N == 0 || g.F == 0 || P == 0) return;
   if (K == 0) {
@@ -190,7 +193,7 @@ void conv2d(const T* x, const T* w, const T* b, T* out, const Conv2dGeometry& g)
   }
 #ifdef HYBRA_ONEDNN_CALLS
   if constexpr (std::is_same_v<T, float>)
-    if (onednn_serves(ConvPass::forward, g)) return onednn_conv2d(x, w, b, out, g);
+    if (onednn_serves(ConvPass::forward, g)) return onednn_conv2d(x, w, b, out, g, weights);
 #endif
   if (g.sh == 1 && g.sw == 1) conv2d_wide(x, w, b, out, g);
   else conv2d_im2col(x, w, b, out, g);
@@ -233,7 +236,7 @@ inline Tensor conv2d_op(Tensor x, const Tensor& weight, const Tensor& bias, Size
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>)
         conv2d(static_cast<const T*>(xc.raw_data()), static_cast<const T*>(w.raw_data()), data_or_null<T>(b),
-               static_cast<T*>(out.raw_data()), g);
+               static_cast<T*>(out.raw_data()), g, w.storage().get());
     });
   });
   return out;

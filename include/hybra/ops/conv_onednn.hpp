@@ -4,7 +4,9 @@
 // (onednn_serves; the table is docs/benchmarks.md's "conv2d: hybra's kernels
 // and oneDNN's"). Operands stay NCHW / OIHW in hybra's tensors: each call
 // reorders them to the blocked layouts oneDNN's kernels read, and its result
-// back.
+// back, except the forward pass's weights where the caller names their
+// storage: their blocked copy is kept with it while they stay unchanged
+// (core/derived_forms.hpp), so an inference reorders each weight once.
 //
 // The gradients do not depend on the thread count, bit for bit (the contract
 // of conv_backward.hpp; its tests hold this file to it). oneDNN's forward
@@ -22,31 +24,43 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 #include <vector>
 
+#include "../core/storage.hpp"
 #include "conv_geometry.hpp"
 
 namespace hybra::detail::nn {
 
+// Output sizes that leave input rows or columns unread (a negative end
+// padding to oneDNN) stay hybra's.
+inline bool leaves_input_unread(const Conv2dGeometry& g) {
+  return (g.OH - 1) * g.sh + g.KH < g.H + g.ph || (g.OW - 1) * g.sw + g.KW < g.W + g.pw;
+}
+
 // Where oneDNN wins (docs/benchmarks.md): ungrouped, undilated convolutions
-// with a spatial kernel over at least 64 channels into at least 64 filters.
-// The forward pass also needs enough output pixels to pay for reordering its
-// operands on every call: 1024 with 128 filters or more, 16384 with fewer.
-// The data gradient, whose sums run over the filters, needs 128 of them.
+// into at least 64 filters. The forward pass needs at least 128
+// multiply-adds per output value: below that, reordering the result back to
+// NCHW costs more than oneDNN's kernel saves (VGG's first layer, ResNet-50's
+// 1x1 layers over 64 channels). The gradients need a spatial kernel over at
+// least 64 channels, and the data gradient, whose sums run over the filters,
+// 128 filters. The rule reads the geometry alone, so that an eager op and a
+// captured graph pick the same kernel for the same convolution.
 inline bool onednn_serves(ConvPass pass, const Conv2dGeometry& g) {
   if (!backend::cpu::onednn::enabled()) return false;
-  if (g.groups != 1 || g.dh != 1 || g.dw != 1 || g.KH * g.KW == 1 || g.C < 64 || g.F < 64 || g.N * g.OH * g.OW == 0)
+  if (g.groups != 1 || g.dh != 1 || g.dw != 1 || g.F < 64 || g.N * g.OH * g.OW == 0 || leaves_input_unread(g))
     return false;
-  // Output sizes that leave input rows or columns unread (a negative end padding to oneDNN) stay hybra's.
-  if ((g.OH - 1) * g.sh + g.KH < g.H + g.ph || (g.OW - 1) * g.sw + g.KW < g.W + g.pw) return false;
   switch (pass) {
-    case ConvPass::forward: return g.N * g.OH * g.OW >= (g.F >= 128 ? 1024 : 16384);
-    case ConvPass::backward_data: return g.F >= 128;
-    case ConvPass::backward_weight: return true;
+    case ConvPass::forward: return g.C * g.KH * g.KW >= 128;
+    case ConvPass::backward_data: return g.KH * g.KW > 1 && g.C >= 64 && g.F >= 128;
+    case ConvPass::backward_weight: return g.KH * g.KW > 1 && g.C >= 64;
   }
   return false;
 }
@@ -99,19 +113,50 @@ inline cpu::Cache<Key, Primitive>& primitives() {
   return cache;
 }
 
-// `data` as a memory of `want`'s layout: itself, or a reordered copy.
-inline dnnl::memory as(const dnnl::memory::desc& want, dnnl::memory data) {
-  if (want == data.get_desc()) return data;
+// A copy of `data` in `want`'s layout, in memory of its own.
+inline dnnl::memory reordered(const dnnl::memory::desc& want, dnnl::memory data) {
   dnnl::memory copy(want, cpu::engine());
   dnnl::reorder(data, copy).execute(cpu::stream(), data, copy);
   return copy;
 }
 
-// Runs `p` on (in0, in1[, bias]) into out, each given in its plain layout.
+// The calling thread's buffer for one call's operand `slot` (0, 1: inputs,
+// 2: the result) in a blocked layout, kept from call to call: a buffer
+// allocated per call costs its page faults on every call (a ResNet layer's
+// activations are megabytes). It is as large as the largest such operand
+// the thread has needed.
+inline dnnl::memory scratch(int slot, const dnnl::memory::desc& layout) {
+  struct Buffer {
+    std::unique_ptr<void, decltype(&std::free)> bytes{nullptr, &std::free};
+    std::size_t size = 0;
+  };
+  thread_local std::array<Buffer, 3> buffers;
+  Buffer& b = buffers[static_cast<std::size_t>(slot)];
+  if (const std::size_t need = layout.get_size(); need > b.size) {
+    b.bytes.reset();
+    b.bytes.reset(std::aligned_alloc(64, (need + 63) / 64 * 64));
+    if (!b.bytes) throw std::bad_alloc();
+    b.size = need;
+  }
+  return {layout, cpu::engine(), b.bytes.get()};
+}
+
+// `data` as a memory of `want`'s layout: itself, or a reordered copy in the
+// thread's buffer `slot`.
+inline dnnl::memory as(const dnnl::memory::desc& want, dnnl::memory data, int slot) {
+  if (want == data.get_desc()) return data;
+  dnnl::memory copy = scratch(slot, want);
+  dnnl::reorder(data, copy).execute(cpu::stream(), data, copy);
+  return copy;
+}
+
+// Runs `p` on (in0, in1[, bias]) into out, each given in its plain layout
+// (in1 may come in p's already).
 inline void execute(const Primitive& p, int in0_arg, const dnnl::memory& in0, int in1_arg, const dnnl::memory& in1,
                     int out_arg, dnnl::memory out, const dnnl::memory* bias = nullptr) {
-  dnnl::memory result = p.out == out.get_desc() ? out : dnnl::memory(p.out, cpu::engine());
-  std::unordered_map<int, dnnl::memory> args{{in0_arg, as(p.in0, in0)}, {in1_arg, as(p.in1, in1)}, {out_arg, result}};
+  dnnl::memory result = p.out == out.get_desc() ? out : scratch(2, p.out);
+  std::unordered_map<int, dnnl::memory> args{
+      {in0_arg, as(p.in0, in0, 0)}, {in1_arg, as(p.in1, in1, 1)}, {out_arg, result}};
   if (bias) args.emplace(DNNL_ARG_BIAS, *bias);
   p.run.execute(cpu::stream(), args);
   if (result != out) dnnl::reorder(result, out).execute(cpu::stream(), result, out);
@@ -122,10 +167,35 @@ inline dnnl::memory wrap(const dnnl::memory::dims& d, tag t, const float* data) 
   return {plain(d, t), cpu::engine(), const_cast<float*>(data)};
 }
 
+// A convolution's weights in the blocked layout `desc`, derived from the
+// plain weights at `offset` bytes into their storage.
+struct BlockedWeights {
+  std::ptrdiff_t offset;
+  dnnl::memory::desc desc;
+  dnnl::memory blocked;
+};
+
+// `plain` (at w, in `storage`) as p's weights: itself, the blocked copy kept
+// with the storage, or a reordered copy where there is no storage to keep it.
+inline dnnl::memory weights_for(const Primitive& p, const dnnl::memory& plain, const float* w, Storage* storage) {
+  if (!storage || p.in1 == plain.get_desc()) return plain;
+  const std::ptrdiff_t offset = reinterpret_cast<const char*>(w) - static_cast<const char*>(storage->data());
+  const auto kept = storage->derived<BlockedWeights>(
+      [&](const BlockedWeights& f) { return f.offset == offset && f.desc == p.in1; },
+      [&] {
+        auto made = std::make_shared<BlockedWeights>(BlockedWeights{offset, p.in1, reordered(p.in1, plain)});
+        cpu::stream().wait();
+        return made;
+      });
+  return kept->blocked;
+}
+
 }  // namespace onednn_conv
 
-// out (N, F, OH, OW) = conv(x, w) + b (or no bias).
-inline void onednn_conv2d(const float* x, const float* w, const float* b, float* out, const Conv2dGeometry& g) {
+// out (N, F, OH, OW) = conv(x, w) + b (or no bias). `weights`: the storage
+// of w, where its blocked copy may be kept with it, or null.
+inline void onednn_conv2d(const float* x, const float* w, const float* b, float* out, const Conv2dGeometry& g,
+                          Storage* weights) {
   namespace o = onednn_conv;
   const int threads = backend::cpu::available_threads();
   backend::cpu::onednn::ThreadCount scope(threads);
@@ -136,8 +206,9 @@ inline void onednn_conv2d(const float* x, const float* w, const float* b, float*
       return o::Primitive{dnnl::convolution_forward(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc()};
     });
     const dnnl::memory bias = b ? o::wrap({g.F}, o::tag::x, b) : dnnl::memory();
-    o::execute(p, DNNL_ARG_SRC, o::wrap(d.x, o::tag::nchw, x), DNNL_ARG_WEIGHTS, o::wrap(d.w, o::tag::oihw, w),
-               DNNL_ARG_DST, o::wrap(d.y, o::tag::nchw, out), b ? &bias : nullptr);
+    o::execute(p, DNNL_ARG_SRC, o::wrap(d.x, o::tag::nchw, x), DNNL_ARG_WEIGHTS,
+               o::weights_for(p, o::wrap(d.w, o::tag::oihw, w), w, weights), DNNL_ARG_DST,
+               o::wrap(d.y, o::tag::nchw, out), b ? &bias : nullptr);
   });
 }
 
