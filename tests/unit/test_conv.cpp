@@ -7,6 +7,7 @@
 #include <cmath>
 #include <hybra/hybra.hpp>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "reference.hpp"
@@ -489,10 +490,12 @@ TEST_CASE("a conv2d followed by relu is one planned node: the kernel, then the e
 // that outlived its weights would give the first call's values again.
 TEST_CASE("conv2d's kept weight layouts never outlive the weights, however they are written") {
   Tensor x = random_normal({1, 64, 6, 5});
-  auto check = [&](const Tensor& w, const char* after) {
+  // check_conv's bound for 576 terms; a stale copy errs by the change made to the weights, O(1) here.
+  const double bound = tolerance(DType::float32) * 576 / 64;
+  auto check = [&](const Tensor& w, const std::string& after) {
     CAPTURE(after);
     const auto ref = conv2d_reference(x, w, {}, 1, 1, 1, 1);
-    CHECK(max_error(conv2d(x, w, {}, 1, 1).to_vector<double>(), ref) <= 2e-5);
+    CHECK(max_error(conv2d(x, w, {}, 1, 1).to_vector<double>(), ref) <= bound);
   };
   Tensor w = random_normal({64, 64, 3, 3});
   check(w, "first call");
@@ -522,7 +525,7 @@ TEST_CASE("conv2d's kept weight layouts never outlive the weights, however they 
   for (int step = 0; step < 3; ++step) {
     CAPTURE(step);
     const Tensor y = conv(x);  // the first call completes the deferred weight shape
-    CHECK(max_error(y.to_vector<double>(), conv2d_reference(x, conv.weight().data(), {}, 1, 1, 1, 1)) <= 2e-5);
+    CHECK(max_error(y.to_vector<double>(), conv2d_reference(x, conv.weight().data(), {}, 1, 1, 1, 1)) <= bound);
     Tensor weight = conv.weight().data();
     weight.assign(weight - 0.25f * weight);
   }
