@@ -1,11 +1,12 @@
 #pragma once
 // conv2d's three passes on oneDNN (backend/cpu/onednn.hpp), for the float32
 // convolutions where it measured faster than hybra's own kernels
-// (onednn_serves; the table is docs/benchmarks.md's "conv2d: hybra's kernels
-// and oneDNN's"). Operands stay NCHW / OIHW in hybra's tensors: each call
-// reorders them to the blocked layouts oneDNN's kernels read, and its result
-// back, except the forward pass's weights where the caller names their
-// storage: their blocked copy is kept with it while they stay unchanged
+// (onednn_serves; the tables are docs/benchmarks.md's "conv2d: hybra's
+// kernels and oneDNN's" and "oneDNN's weights kept with their storage").
+// Operands stay NCHW / OIHW in hybra's tensors: each call reorders them to
+// the blocked layouts oneDNN's kernels read, and its result back, except
+// the forward pass's weights where the caller names their storage: their
+// blocked copy is kept with it while they stay unchanged
 // (core/derived_forms.hpp), so an inference reorders each weight once.
 //
 // The gradients do not depend on the thread count, bit for bit (the contract
@@ -134,6 +135,7 @@ inline dnnl::memory scratch(int slot, const dnnl::memory::desc& layout) {
   Buffer& b = buffers[static_cast<std::size_t>(slot)];
   if (const std::size_t need = layout.get_size(); need > b.size) {
     b.bytes.reset();
+    b.size = 0;
     b.bytes.reset(std::aligned_alloc(64, (need + 63) / 64 * 64));
     if (!b.bytes) throw std::bad_alloc();
     b.size = need;
