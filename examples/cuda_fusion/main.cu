@@ -74,7 +74,7 @@ int main() {
   gy.wait_to_write();  // written below outside the engine: nothing else may use it meanwhile
   auto on_gpu = relu(ga * gb + 2);
   const float* leaves[] = {static_cast<const float*>(ga.raw_data()), static_cast<const float*>(gb.raw_data())};
-  auto kernel = kernel::build<float, kernel::flat_leaf>(on_gpu, leaves, nullptr);
+  auto kernel = kernel::build<float>(on_gpu, leaves);
   kernels::evaluate<<<256, 256>>>(kernel, static_cast<float*>(gy.raw_data()), n);
   check(cudaGetLastError(), "launching the nvcc-compiled kernel");
   check(cudaDeviceSynchronize(), "running the nvcc-compiled kernel");

@@ -194,10 +194,15 @@ TEST_SUITE("cuda fake" * doctest::skip()) {
       CHECK(fake.last_launch_param<float>(4) == 1.0f);
     }
     CHECK(fake.calls("cuModuleLoadData") == loads + 1);
+    // Integer expressions run node by node (docs/architecture.md): the scalar
+    // is a 0-d operand of the add node's one launch.
     Tensor i = ones({5}, DType::int64, cuda(0));
+    const long launches = fake.calls("cuLaunchKernel");
     Tensor shifted = i + 7;
     shifted.wait_to_read();
-    CHECK(fake.last_launch_param<std::int64_t>(3) == 7);
+    CHECK(shifted.dtype() == DType::int64);
+    CHECK(fake.calls("cuLaunchKernel") == launches + 1);
+    CHECK(fake.last_launch().rfind("hybra_fused_", 0) == 0);
   }
 
   TEST_CASE("cuda fake: node by node (eval_unfused, autograd), an op is a kernel of its own, compiled once") {

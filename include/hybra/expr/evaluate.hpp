@@ -130,6 +130,87 @@ struct strided_plan {
   }
 };
 
+// One thread's walk through strided work items (strided_plan), in chunks of
+// at most `chunk` elements that the flat kernel runs over: a leaf whose inner
+// stride is 1 is read in place, any other (a broadcast axis, a transposed
+// view) is gathered into a buffer of the walk's first, and the result is
+// written in place or scattered from a buffer. It depends on the dtypes
+// only, so a strided expression adds no kernel of its own to compile (each
+// distinct expression costs seconds of compile time per dtype it is
+// instantiated for).
+template <class T, class O>
+class strided_chunks {
+ public:
+  static constexpr std::int64_t chunk = 512;
+
+  strided_chunks(const strided_plan& plan, std::span<const T* const> bases, O* dst)
+      : plan_(plan), bases_(bases), dst_(dst), leaves_(bases.size()), offsets_(bases.size() + 1) {
+    std::size_t gathered = 0;
+    for (std::size_t l = 0; l < bases.size(); ++l) gathered += plan.inner_stride[l] != 1;
+    gather_.resize(gathered * chunk);
+    if (plan.inner_stride[bases.size()] != 1) scatter_.resize(chunk);
+  }
+
+  // Starts work item `item`; next() then yields its chunks.
+  void start(std::int64_t item) {
+    length_ = plan_.locate(item, offsets_.data());
+    at_ = 0;
+    size_ = 0;
+  }
+
+  // Moves to the next chunk of the item, gathering the leaves that need it;
+  // false when the item is done.
+  bool next() {
+    at_ += size_;
+    size_ = std::min(chunk, length_ - at_);
+    if (size_ <= 0) return false;
+    T* buffer = gather_.data();
+    for (std::size_t l = 0; l < leaves_.size(); ++l) {
+      const std::int64_t stride = plan_.inner_stride[l];
+      const T* from = bases_[l] + offsets_[l] + at_ * stride;
+      if (stride == 1) {
+        leaves_[l] = from;
+        continue;
+      }
+      for (std::int64_t i = 0; i < size_; ++i) buffer[i] = from[i * stride];
+      leaves_[l] = buffer;
+      buffer += chunk;
+    }
+    return true;
+  }
+
+  const T* const* leaves() const { return leaves_.data(); }
+  std::int64_t size() const { return size_; }
+  // Where the kernel writes the chunk's results.
+  O* out() { return scatter_.empty() ? dst_ + offsets_.back() + at_ : scatter_.data(); }
+
+  // Puts a chunk written to out() into place.
+  void store() {
+    if (scatter_.empty()) return;
+    const std::int64_t stride = plan_.inner_stride.back();
+    O* to = dst_ + offsets_.back() + at_ * stride;
+    for (std::int64_t i = 0; i < size_; ++i) to[i * stride] = scatter_[i];
+  }
+
+ private:
+  const strided_plan& plan_;
+  std::span<const T* const> bases_;
+  O* dst_;
+  boost::container::small_vector<const T*, 8> leaves_;
+  boost::container::small_vector<std::int64_t, 9> offsets_;
+  std::vector<T> gather_;
+  std::vector<O> scatter_;
+  std::int64_t length_ = 0, at_ = 0, size_ = 0;
+};
+
+// Writes k(i) for i in [begin, end) to out[i]: the one loop every fused
+// kernel runs, contiguous on both sides.
+template <class O, class K>
+void run_kernel(const K& k, O* out, std::int64_t begin, std::int64_t end) {
+#pragma omp simd
+  for (std::int64_t i = begin; i < end; ++i) out[i] = static_cast<O>(k(i));
+}
+
 // Runs e's kernel (tensor dtype T) into `out` (C++ type O, out.shape() is the
 // broadcast shape of every leaf). Any layout on either side.
 template <class T, class O, class E>
@@ -137,7 +218,6 @@ void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
   const auto n = out.size();
   if (n == 0) return;
   const auto& shape = out.shape();
-  const std::size_t nl = leaves.size();
   boost::container::small_vector<const T*, 8> ptrs;
   bool flat = out.is_contiguous();
   for (auto* t : leaves) {
@@ -146,13 +226,9 @@ void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
   }
   O* dst = static_cast<O*>(out.raw_data());
   if (flat) {
-    auto k = kernel::build<T, kernel::flat_leaf>(e, ptrs.data(), nullptr);
-    auto run = [&](std::int64_t begin, std::int64_t end) {
-#pragma omp simd
-      for (std::int64_t i = begin; i < end; ++i) dst[i] = static_cast<O>(k(i));
-    };
+    auto k = kernel::build<T>(e, ptrs.data());
     if constexpr (!decltype(k)::costly) {
-      backend::cpu::parallel_for(n, 1, run);
+      backend::cpu::parallel_for(n, 1, [&](std::int64_t begin, std::int64_t end) { run_kernel(k, dst, begin, end); });
     } else {
       // With vector math calls in the loop body, too few loads are in flight
       // for the hardware prefetcher to hide memory latency on arrays beyond
@@ -165,7 +241,7 @@ void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
       backend::cpu::parallel_for(n, 1, [&](std::int64_t begin, std::int64_t end) {
         for (std::int64_t c = begin; c < end; c += chunk) {
           for (std::int64_t i = c + ahead; i < std::min(end, c + ahead + chunk); i += line) k.prefetch(i);
-          run(c, std::min(end, c + chunk));
+          run_kernel(k, dst, c, std::min(end, c + chunk));
         }
       });
     }
@@ -174,20 +250,10 @@ void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
 
   const strided_plan plan(leaves, out);
   backend::cpu::parallel_for(plan.items, std::min(plan.piece, plan.inner), [&](std::int64_t first, std::int64_t last) {
-    boost::container::small_vector<const T*, 8> item_ptrs(nl);
-    boost::container::small_vector<std::int64_t, 9> off(nl + 1);
-    for (std::int64_t item = first; item < last; ++item) {
-      const std::int64_t len = plan.locate(item, off.data());
-      for (std::size_t l = 0; l < nl; ++l) item_ptrs[l] = ptrs[l] + off[l];
-      auto k = kernel::build<T, kernel::strided_leaf>(e, item_ptrs.data(), plan.inner_stride.data());
-      O* o = dst + off[nl];
-      const std::int64_t os = plan.inner_stride[nl];
-      if (os == 1) {
-        for (std::int64_t i = 0; i < len; ++i) o[i] = static_cast<O>(k(i));
-      } else {
-        for (std::int64_t i = 0; i < len; ++i) o[i * os] = static_cast<O>(k(i));
-      }
-    }
+    strided_chunks<T, O> walk(plan, ptrs, dst);
+    for (std::int64_t item = first; item < last; ++item)
+      for (walk.start(item); walk.next(); walk.store())
+        run_kernel(kernel::build<T>(e, walk.leaves()), walk.out(), 0, walk.size());
   });
 }
 
@@ -312,6 +378,18 @@ void push_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
   push_op(name, leaves, {out}, [owned = owning_copy(e), out] { run_fused<T, O>(owned, tensor_leaves(owned), out); });
 }
 
+// Calls fused(type_tag<T>{}) for float32 and float64, the dtypes a fused
+// kernel is instantiated for, and returns otherwise() for any other. Each
+// dtype costs every distinct expression about half a second of compile time
+// (docs/benchmarks.md), and models compute in floats: an expression over
+// integer tensors runs node by node, as mixed dtypes do.
+template <class Fused, class Otherwise>
+decltype(auto) dispatch_fused(DType d, Fused&& fused, Otherwise&& otherwise) {
+  if (d == DType::float32) return fused(type_tag<float>{});
+  if (d == DType::float64) return fused(type_tag<double>{});
+  return otherwise();
+}
+
 template <class E>
 constexpr bool is_terminal() {
   using X = std::remove_cvref_t<E>;
@@ -339,16 +417,20 @@ Tensor eval(const E& e) {
     if (autograd::is_recording())
       for (auto* t : leaves)
         if (autograd::requires_grad(*t)) return detail::evaluate_recorded(e);
-    // Mixed dtypes, and the 16-bit floats (computed in float32), go node by node.
+    // Mixed dtypes go node by node, as do the 16-bit floats (computed in
+    // float32) and the integers (detail::dispatch_fused).
     for (auto* t : leaves)
-      if (t->dtype() != leaves.front()->dtype() || is_half(t->dtype())) return detail::evaluate_unfused(e);
-    return dispatch(leaves.front()->dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      using R = kernel::result_t<E, T>;
-      Tensor out(shape, dtype_of_v<R>, leaves.front()->device());
-      detail::push_fused<T, R>(e, leaves, out);
-      return out;
-    });
+      if (t->dtype() != leaves.front()->dtype()) return detail::evaluate_unfused(e);
+    return detail::dispatch_fused(
+        leaves.front()->dtype(),
+        [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          using R = kernel::result_t<E, T>;
+          Tensor out(shape, dtype_of_v<R>, leaves.front()->device());
+          detail::push_fused<T, R>(e, leaves, out);
+          return out;
+        },
+        [&] { return detail::evaluate_unfused(e); });
   }
 }
 
@@ -480,20 +562,23 @@ Tensor& Tensor::assign(E&& e) {
                         device(), "; evaluate it there and copy_to the destination");
     bool direct = true;
     for (auto* t : leaves) {
-      direct = direct && t->dtype() == leaves.front()->dtype() && !is_half(t->dtype()) && !is_half(dtype_);
+      direct = direct && t->dtype() == leaves.front()->dtype();
       // Reading a different view of the storage being written would read
       // values already overwritten; such expressions go through a temporary.
       if (t->storage() == storage_)
         direct = direct && t->shape() == shape_ && t->strides() == strides_ && t->offset() == offset_;
     }
     if (direct) {
-      direct = dispatch(leaves.front()->dtype(), [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        using R = kernel::result_t<E, T>;
-        if (dtype_of_v<R> != dtype_) return false;
-        detail::push_fused<T, R>(e, leaves, *this);
-        return true;
-      });
+      direct = detail::dispatch_fused(
+          leaves.front()->dtype(),
+          [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            using R = kernel::result_t<E, T>;
+            if (dtype_of_v<R> != dtype_) return false;
+            detail::push_fused<T, R>(e, leaves, *this);
+            return true;
+          },
+          [] { return false; });
     }
     if (!direct) detail::copy_into(eval(e), *this);
   }

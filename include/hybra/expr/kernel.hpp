@@ -21,26 +21,16 @@ using scalar_type_t =
                        std::conditional_t<(sizeof(S) <= 4), std::int32_t, std::int64_t>>;
 
 // Every kernel type has `costly` (does the subtree contain a costly op of the
-// op table) and, on the flat path, `prefetch(i)` (asks the cache for element i
-// of every tensor leaf; see run_fused).
+// op table) and `prefetch(i)` (asks the cache for element i of every tensor
+// leaf; see run_fused).
 template <class T>
-struct flat_leaf {
+struct tensor_leaf {
   using type = T;
   static constexpr bool weak = false;
   static constexpr bool costly = false;
   const T* p;
   HYBRA_HD T operator()(std::int64_t i) const { return p[i]; }
   void prefetch(std::int64_t i) const { __builtin_prefetch(p + i); }
-};
-
-template <class T>
-struct strided_leaf {
-  using type = T;
-  static constexpr bool weak = false;
-  static constexpr bool costly = false;
-  const T* p;
-  std::int64_t stride;
-  HYBRA_HD T operator()(std::int64_t i) const { return p[i * stride]; }
 };
 
 template <class S>
@@ -76,20 +66,14 @@ struct node {
   }
 };
 
-// Builds the kernel for an expression whose tensor leaves all have dtype T.
-// Leaf k (in fold order) reads from ptrs[k] with stride strides[k]; Leaf is
-// flat_leaf or strided_leaf.
-template <class T, template <class> class Leaf>
+// Builds the kernel for an expression whose tensor leaves all have dtype T:
+// leaf k (in fold order) reads element i at ptrs[k][i].
+template <class T>
 struct builder {
   const T* const* ptrs;
-  const std::int64_t* strides;
   int next = 0;
 
-  auto operator()(const Tensor&) {
-    int k = next++;
-    if constexpr (std::is_same_v<Leaf<T>, flat_leaf<T>>) return flat_leaf<T>{ptrs[k]};
-    else return strided_leaf<T>{ptrs[k], strides[k]};
-  }
+  auto operator()(const Tensor&) { return tensor_leaf<T>{ptrs[next++]}; }
   template <class S>
   auto operator()(const S& s) {
     static_assert(std::is_arithmetic_v<S>, "hybra: an expression leaf must be a Tensor or an arithmetic scalar");
@@ -104,15 +88,15 @@ struct node_maker {
   }
 };
 
-template <class T, template <class> class Leaf, class E>
-auto build(const E& e, const T* const* ptrs, const std::int64_t* strides) {
-  builder<T, Leaf> leaf{ptrs, strides};
+template <class T, class E>
+auto build(const E& e, const T* const* ptrs) {
+  builder<T> leaf{ptrs};
   node_maker make;
   return fold(e, leaf, make);
 }
 
 // The C++ result type of expression E when its tensors have dtype T.
 template <class E, class T>
-using result_t = typename decltype(build<T, flat_leaf>(std::declval<const E&>(), nullptr, nullptr))::type;
+using result_t = typename decltype(build<T>(std::declval<const E&>(), nullptr))::type;
 
 }  // namespace hybra::kernel

@@ -156,7 +156,7 @@ void transform_into(std::string_view op, const Tensor& out, const Operands& o, c
     using R = kernel::result_t<E, T>;
     const std::int64_t n = checked_numel(o.shape, op);
     const std::vector<const T*> ptrs = pointers<T>(o);
-    auto k = kernel::build<T, kernel::flat_leaf>(e, ptrs.data(), nullptr);
+    auto k = kernel::build<T>(e, ptrs.data());
     push_op_on(o.device, op, TensorRefs(o.tensors), {out}, [o, out, k, n] {
       with_policy(o.device, [&](auto policy) {
         ::thrust::transform(policy, ::thrust::counting_iterator<std::int64_t>(0),
@@ -223,7 +223,7 @@ Tensor reduce_all(const E& e) {
                        " has no identity");
     out = Tensor(Shape{}, dtype_of_v<typename Rule::out>, o.device);
     const std::vector<const T*> ptrs = pointers<T>(o);
-    auto k = kernel::build<T, kernel::flat_leaf>(e, ptrs.data(), nullptr);
+    auto k = kernel::build<T>(e, ptrs.data());
     push_op_on(o.device, op, TensorRefs(o.tensors), {out}, [o, out, k, n] {
       with_policy(o.device, [&](auto policy) {
         const typename Rule::acc total = ::thrust::transform_reduce(

@@ -56,19 +56,22 @@ inline int available_threads() { return std::min(num_threads(), engine::current_
 // OpenMP team costs more than it saves.
 inline constexpr std::int64_t parallel_grain = 1 << 15;
 
-// Calls body(begin, end) over [0, n) split into one contiguous range per
-// thread; `cost` is the number of elements each index stands for. Without
-// OpenMP (and HYBRA_THREAD_LOOPS) it is one call over [0, n) on the calling
-// thread.
-template <class Body>
-void parallel_for(std::int64_t n, std::int64_t cost, Body&& body) {
+namespace detail {
+
+// parallel_for's body behind a plain function pointer: the team, its
+// outlined OpenMP region and the engine context are compiled once per
+// translation unit, not once per loop body (every fused expression has
+// several).
+using range_call = void (*)(void* body, std::int64_t begin, std::int64_t end);
+
+inline void run_ranges(std::int64_t n, std::int64_t cost, range_call call, void* body) {
 #if !defined(_OPENMP) && !defined(HYBRA_THREAD_LOOPS)
   (void)cost;
-  body(std::int64_t{0}, n);
+  call(body, 0, n);
 #else
   int threads = static_cast<int>(std::min<std::int64_t>({available_threads(), n, n * cost / parallel_grain}));
   if (threads <= 1) {
-    body(std::int64_t{0}, n);
+    call(body, 0, n);
     return;
   }
   // The team's threads run as part of the caller's engine op (if any): code
@@ -78,7 +81,7 @@ void parallel_for(std::int64_t n, std::int64_t cost, Body&& body) {
     engine::detail::ContextScope scope(caller.engine, caller.op, caller.threads);
     std::int64_t chunk = (n + nt - 1) / nt;
     std::int64_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
-    body(begin, end);
+    call(body, begin, end);
   };
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
@@ -90,6 +93,20 @@ void parallel_for(std::int64_t n, std::int64_t cost, Body&& body) {
   for (auto& member : team) member.join();
 #endif
 #endif
+}
+
+}  // namespace detail
+
+// Calls body(begin, end) over [0, n) split into one contiguous range per
+// thread; `cost` is the number of elements each index stands for. Without
+// OpenMP (and HYBRA_THREAD_LOOPS) it is one call over [0, n) on the calling
+// thread.
+template <class Body>
+void parallel_for(std::int64_t n, std::int64_t cost, Body&& body) {
+  using B = std::remove_reference_t<Body>;
+  detail::run_ranges(
+      n, cost, [](void* b, std::int64_t begin, std::int64_t end) { (*static_cast<B*>(b))(begin, end); },
+      const_cast<std::remove_const_t<B>*>(&body));
 }
 
 }  // namespace backend::cpu
