@@ -365,6 +365,19 @@ TEST_CASE("fused equals unfused, on contiguous, broadcast and strided operands")
   check(where(a > 0, a, 2.5) * 2, 0);
   check(where(0.5, a, c) - 1, 0);
   check(3 - relu(2.f * a), 0);
+  // Rows longer than the strided walk's chunk (512 elements), over three
+  // chunks: a column broadcast along them and a transposed view gathered,
+  // the others read in place, and a transposed output scattered.
+  auto p = random_normal({3, 1300}, 0, 1, DType::float32, cpu(), g);
+  auto q = random_normal({1300, 3}, 0, 1, DType::float32, cpu(), g);
+  auto row = random_normal({1300}, 0, 1, DType::float32, cpu(), g);
+  auto col = random_normal({3, 1}, 0, 1, DType::float32, cpu(), g);
+  check(p * row + col, 0);
+  check(q.view({3, 1300}, {1, 3}, 0) * p - col, 0);
+  Tensor out = zeros({1300, 3});
+  Tensor out_t = out.view({3, 1300}, {1, 3}, 0);
+  out_t.assign(p * row + col);
+  CHECK(out_t.contiguous().to_vector<float>() == eval_unfused(p * row + col).to_vector<float>());
 }
 
 TEST_CASE("large expressions split across threads give the same result") {
