@@ -2,25 +2,27 @@
 # The whole test suite. Exits non-zero if anything fails.
 #   0. build/mxnet-venv/  Python venv with mxnet==1.9.1 and numpy 1.23.5 from
 #                   PyPI, best effort, for the MXNet interop test of stage 1.
-#   1. build/       Release: configure, build everything (library, unit tests,
-#                   examples at -O1 like the tests, benchmarks at -O0 to check
-#                   that they build, not run: HYBRA_OPTIMIZE_PROGRAMS=OFF), then
-#                   ctest: unit tests, examples (--smoke), compile-fail tests
-#                   (hybra's static_asserts), and the packaging tests (install to a
-#                   fresh prefix + find_package consumer, add_subdirectory consumer),
+#   1. build/       Release: configure, build everything, then ctest. The
+#                   unit and MPI tests are built with AddressSanitizer + UBSan
+#                   (HYBRA_TEST_SANITIZE) and run with leak detection; -O0 -g1:
+#                   the same checks as -O1 at half the compile time, and -g1
+#                   still gives file:line. UBSan without its null and alignment
+#                   checks, which cost another third of the compile time: ASan
+#                   reports null dereferences itself, and the fuzz stage (clang,
+#                   full UBSan) checks the alignment of what the parsers read.
+#                   Everything else optimised and uninstrumented: the library,
+#                   the GPU test cases (test_gpu.cpp: ASan and the CUDA driver
+#                   want the same addresses), the examples at -O1 like the
+#                   tests, the benchmarks at -O0 to check that they build, not
+#                   run (HYBRA_OPTIMIZE_PROGRAMS=OFF); ctest runs the unit tests,
+#                   examples (--smoke), compile-fail tests (hybra's
+#                   static_asserts), the packaging tests (install to a fresh
+#                   prefix + find_package consumer, add_subdirectory consumer),
 #                   and model files both ways between hybra and MXNet (interop).
 #   2. build-fuzz/  libFuzzer + ASan/UBSan on the model-file parsers
 #                   (tests/fuzz/run.sh): 25 s per target from the seed corpora,
 #                   failing on any crash, stray exception or sanitizer report.
-#   3. build-asan/  AddressSanitizer + UBSan, unit (but test_gpu.cpp, whose
-#                   cases need a GPU) and MPI tests, run with
-#                   leak detection. -O0 -g1: the same checks as -O1 at half the
-#                   compile time; -g1 still gives file:line. UBSan without its
-#                   null and alignment checks, which cost another third of the
-#                   compile time: ASan reports null dereferences itself, and the
-#                   fuzz stage (clang, full UBSan) checks the alignment of what
-#                   the parsers read.
-#   4. build-tsan/  ThreadSanitizer, MPI tests and the unit tests but
+#   3. build-tsan/  ThreadSanitizer, MPI tests and the unit tests but
 #                   test_gpu.cpp and the files whose code under test runs on
 #                   one thread (HYBRA_UNIT_TESTS_LEFT_OUT): the engine's worker
 #                   threads, its waits and the async tests, checked for data races
@@ -30,7 +32,7 @@
 #                   (parallel loops on std::threads instead), -O1 -g1.
 # A failing stage does not stop the others (except the stages that need its
 # output); the summary at the end lists each stage with its wall time.
-# Environment: HYBRA_BUILD_DIR, HYBRA_ASAN_BUILD_DIR, HYBRA_TSAN_BUILD_DIR,
+# Environment: HYBRA_BUILD_DIR, HYBRA_TSAN_BUILD_DIR,
 # HYBRA_FUZZ_DIR (build directories), HYBRA_MXNET_VENV (default
 # build/mxnet-venv), HYBRA_JOBS (parallel ctest jobs, default: number of
 # cores), HYBRA_FUZZ_SECONDS (fuzzing time per target, default 25).
@@ -38,7 +40,6 @@ set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR=${HYBRA_BUILD_DIR:-build}
-ASAN_DIR=${HYBRA_ASAN_BUILD_DIR:-build-asan}
 TSAN_DIR=${HYBRA_TSAN_BUILD_DIR:-build-tsan}
 JOBS=${HYBRA_JOBS:-$(nproc)}
 # One build job per core: ninja's default (cores + 2) gains no speed, and
@@ -109,10 +110,11 @@ else
   summary+=("$(printf '  %-22s      -    unavailable: interop test skipped' "mxnet venv")")
 fi
 
-# 1. Release build: everything, then the full ctest suite.
+# 1. Release build: everything, then the full ctest suite; the unit and MPI
+# tests under ASan + UBSan.
 if stage "configure" cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
      -DHYBRA_BUILD_TESTS=ON -DHYBRA_BUILD_EXAMPLES=ON -DHYBRA_BUILD_BENCHMARKS=ON -DHYBRA_OPTIMIZE_PROGRAMS=OFF \
-     --log-level=WARNING \
+     "-DHYBRA_TEST_SANITIZE=-O0 -g1 $SANITIZE" --log-level=WARNING \
      "-DHYBRA_MXNET_PYTHON=$MXNET_VENV/bin/python"; then
   if stage "build" cmake --build "$BUILD_DIR" --parallel "$BUILD_JOBS"; then
     stage "ctest" run_ctest "$BUILD_DIR"
@@ -149,13 +151,7 @@ sanitized() {
   fi
 }
 
-# 3. ASan + UBSan. The examples (and the docs' examples, doc_examples) are
-# built and run in stage 1 only: at -O0 with ASan their graph-capturing
-# programs cost ~4 of the run's 26 minutes.
-# test_gpu.cpp, whose cases need a real GPU, is left out.
-sanitized asan "$ASAN_DIR" "-O0 $SANITIZE" -DHYBRA_BUILD_EXAMPLES=OFF -DHYBRA_UNIT_TESTS_LEFT_OUT=gpu
-
-# 4. ThreadSanitizer, without OpenMP (libgomp is not instrumented): the unit
+# 3. ThreadSanitizer, without OpenMP (libgomp is not instrumented): the unit
 # tests (the engine, its waits, the async and data-parallel tests) and the
 # MPI tests, parallel loops on std::threads (HYBRA_THREAD_LOOPS) so that a
 # race inside one is seen too. OpenBLAS is not instrumented either, but hybra

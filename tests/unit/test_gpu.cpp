@@ -8,7 +8,7 @@
 // cuda(0)), a captured
 // elementwise graph, copies between the host and GPUs, and the caching
 // allocator.
-// Run by ctest's `gpu_ops` (label `gpu`: hybra_tests --no-skip -ts=gpu);
+// Run by ctest's `gpu_ops` (label `gpu`: hybra_gpu_tests --no-skip -ts=gpu);
 // with no GPU it prints "no GPU:" and the reason, which ctest reports as a
 // skip (scripts/gpu.sh fails on a skip).
 #include <doctest/doctest.h>
