@@ -18,9 +18,10 @@
 //   BM_conv/<pass>/<layer>     one pass (forward, data or weight gradient) of a convolution
 //                              of D2L's ResNet-18 training step (batch 64 of 28x28 images), or
 //                              of the zoo's inference (batch 2 of 224x224: ResNet-18's layers,
-//                              ResNet-50's 1x1 layers, VGG's and AlexNet's first): hybra's
-//                              kernels or oneDNN's, as ops/conv_onednn.hpp decides;
-//                              HYBRA_ONEDNN=0 times hybra's own on every layer.
+//                              ResNet-50's 1x1 layers, VGG's and AlexNet's first, DenseNet-121's
+//                              3x3 into 32 filters): hybra's kernels or oneDNN's, as
+//                              ops/conv_onednn.hpp decides; HYBRA_ONEDNN=0 times hybra's own
+//                              on every layer, HYBRA_ONEDNN=always oneDNN's.
 #include <benchmark/benchmark.h>
 
 #include <hybra/hybra.hpp>
@@ -107,6 +108,10 @@ constexpr ConvLayer conv_layers[] = {
     {"infer_1x1_1024to256x14", 2, 1024, 14, 256, 1, 1, 0}, {"infer_1x1_2048to512x7", 2, 2048, 7, 512, 1, 1, 0},
     {"infer_1x1_512to2048x7", 2, 512, 7, 2048, 1, 1, 0}, {"infer_3x3_3to64x224", 2, 3, 224, 64, 3, 1, 1},
     {"infer_11x11_s4", 2, 3, 224, 64, 11, 4, 2},
+    // DenseNet-121's: each dense layer's 3x3 convolution into 32 filters, per block, and a 1x1 into 128.
+    {"infer_3x3_128to32x56", 2, 128, 56, 32, 3, 1, 1}, {"infer_3x3_128to32x28", 2, 128, 28, 32, 3, 1, 1},
+    {"infer_3x3_128to32x14", 2, 128, 14, 32, 3, 1, 1}, {"infer_3x3_128to32x7", 2, 128, 7, 32, 3, 1, 1},
+    {"infer_1x1_96to128x56", 2, 96, 56, 128, 1, 1, 0},
 };
 
 void conv_pass(benchmark::State& state, ConvLayer layer, int pass) {

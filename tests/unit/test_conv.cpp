@@ -146,6 +146,7 @@ TEST_CASE("conv2d matches the reference loop: stride, padding, dilation, groups,
       {{1, 64, 40, 36}, {64, 64, 3, 3}, 1, 1, 1, 1, false},
       {{2, 64, 47, 45}, {64, 64, 3, 3}, 2, 1},   // stride 2, the last window reaching into the padding
       {{2, 64, 48, 48}, {64, 64, 3, 3}, 2, 0},   // stride 2, the last input row unread
+      {{2, 128, 9, 9}, {32, 128, 3, 3}, 1, 1},  // DenseNet's 3x3 layer: 32 filters over 128 channels
       {{4, 64, 16, 16}, {128, 64, 3, 3}, 1, 1, 1, 1, true, DType::float64},
   };
   for (const auto& c : cases) check_conv(c);
@@ -484,6 +485,18 @@ TEST_CASE("a conv2d followed by relu is one planned node: the kernel, then the e
   net.hybridize();
   CHECK(max_rel_diff(net(x64), eager64) <= 1e-12);
 }
+
+#ifdef HYBRA_ONEDNN_CALLS
+TEST_CASE("HYBRA_ONEDNN: 0, 1 (or unset) and always are its settings; anything else is an error naming it") {
+  using backend::cpu::onednn::parse_use;
+  using backend::cpu::onednn::Use;
+  CHECK(parse_use("") == Use::where_faster);
+  CHECK(parse_use("1") == Use::where_faster);
+  CHECK(parse_use("0") == Use::off);
+  CHECK(parse_use("always") == Use::always);
+  CHECK_THROWS_WITH_AS(parse_use("allways"), doctest::Contains("HYBRA_ONEDNN=allways is not a setting"), ValueError);
+}
+#endif
 
 // Where oneDNN is built in, these convolutions run on it and keep its blocked copy of the weights with their
 // storage (core/derived_forms.hpp). Each case changes the weights by another path between two calls: a kept copy

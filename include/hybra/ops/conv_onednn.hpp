@@ -50,16 +50,20 @@ inline bool leaves_input_unread(const Conv2dGeometry& g) {
 // into at least 64 filters. The forward pass needs at least 128
 // multiply-adds per output value: below that, reordering the result back to
 // NCHW costs more than oneDNN's kernel saves (VGG's first layer, ResNet-50's
-// 1x1 layers over 64 channels). The gradients need a spatial kernel over at
+// 1x1 layers over 64 channels); into 32 filters it needs 1024 (DenseNet's
+// 3x3 layers over 128 channels). The gradients need a spatial kernel over at
 // least 64 channels, and the data gradient, whose sums run over the filters,
 // 128 filters. The rule reads the geometry alone, so that an eager op and a
 // captured graph pick the same kernel for the same convolution.
 inline bool onednn_serves(ConvPass pass, const Conv2dGeometry& g) {
   if (!backend::cpu::onednn::enabled()) return false;
-  if (g.groups != 1 || g.dh != 1 || g.dw != 1 || g.F < 64 || g.N * g.OH * g.OW == 0 || leaves_input_unread(g))
-    return false;
+  if (g.groups != 1 || g.dh != 1 || g.dw != 1 || g.N * g.OH * g.OW == 0 || leaves_input_unread(g)) return false;
+  if (backend::cpu::onednn::use() == backend::cpu::onednn::Use::always) return true;
+  const std::int64_t multiply_adds = g.C * g.KH * g.KW;
+  if (pass == ConvPass::forward && g.F >= 32 && multiply_adds >= 1024) return true;
+  if (g.F < 64) return false;
   switch (pass) {
-    case ConvPass::forward: return g.C * g.KH * g.KW >= 128;
+    case ConvPass::forward: return multiply_adds >= 128;
     case ConvPass::backward_data: return g.KH * g.KW > 1 && g.C >= 64 && g.F >= 128;
     case ConvPass::backward_weight: return g.KH * g.KW > 1 && g.C >= 64;
   }

@@ -40,15 +40,26 @@
 
 namespace hybra::backend::cpu::onednn {
 
-// HYBRA_ONEDNN=0 in the environment, read once, turns oneDNN off: every op
-// runs on hybra's own kernels (to compare the two, or to rule one out).
-inline bool enabled() {
-  static const bool on = [] {
-    const char* setting = std::getenv("HYBRA_ONEDNN");
-    return !(setting && std::string_view(setting) == "0");
-  }();
-  return on;
+// HYBRA_ONEDNN in the environment, read once: 0 turns oneDNN off, so every
+// op runs on hybra's own kernels; `always` gives oneDNN every shape it can
+// take, where it did not measure faster; 1 (or unset) is each caller's rule.
+// The other two are for comparing the two (the tables behind each rule), or
+// ruling one out.
+enum class Use { off, where_faster, always };
+inline Use parse_use(std::string_view value) {
+  if (value.empty() || value == "1") return Use::where_faster;
+  if (value == "0") return Use::off;
+  if (value == "always") return Use::always;
+  fail<ValueError>("oneDNN: HYBRA_ONEDNN=", value, " is not a setting; use 0, 1 or always");
 }
+inline Use use() {
+  static const Use setting = [] {
+    const char* value = std::getenv("HYBRA_ONEDNN");
+    return parse_use(value ? value : "");
+  }();
+  return setting;
+}
+inline bool enabled() { return use() != Use::off; }
 
 inline dnnl::engine& engine() {
   static dnnl::engine cpu(dnnl::engine::kind::cpu, 0);
