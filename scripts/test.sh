@@ -10,11 +10,11 @@
 #                   checks, which cost another third of the compile time: ASan
 #                   reports null dereferences itself, and the fuzz stage (clang,
 #                   full UBSan) checks the alignment of what the parsers read.
-#                   Everything else optimised and uninstrumented: the library,
-#                   the GPU test cases (test_gpu.cpp: ASan and the CUDA driver
-#                   want the same addresses), the examples at -O1 like the
-#                   tests, the benchmarks at -O0 to check that they build, not
-#                   run (HYBRA_OPTIMIZE_PROGRAMS=OFF); ctest runs the unit tests,
+#                   Everything else uninstrumented: the GPU test cases
+#                   (test_gpu.cpp: ASan and the CUDA driver want the same
+#                   addresses), the examples at -O1, the benchmarks at -O0 to
+#                   check that they build, not run (HYBRA_OPTIMIZE_PROGRAMS=OFF),
+#                   and the packaging tests' -O3 build; ctest runs the unit tests,
 #                   examples (--smoke), compile-fail tests (hybra's
 #                   static_asserts), the packaging tests (install to a fresh
 #                   prefix + find_package consumer, add_subdirectory consumer),
