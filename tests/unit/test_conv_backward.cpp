@@ -1,7 +1,8 @@
 // The gradients of conv2d and pooling (ops/conv_backward.hpp) against plain
 // reference loops over many geometries, against central differences of the
-// forward ops, with NaN and infinity, across thread counts (bit for bit),
-// every kernel variant this CPU runs, and their errors.
+// forward ops, with NaN and infinity, across thread counts and on two
+// devices at once (bit for bit), every kernel variant this CPU runs, and
+// their errors.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <iterator>
 #include <limits>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "reference.hpp"
@@ -392,6 +394,44 @@ TEST_CASE("conv2d, its gradients and pooling gradients do not depend on the thre
       CHECK(got[k] == ref[k]);
     }
   }
+}
+
+// The same convolutions on two devices at once share the cached kernels
+// (oneDNN's primitives among them) and each thread's buffers.
+TEST_CASE("conv2d and its gradients on two devices at once give what each gives alone, bit for bit") {
+  // The first two reach oneDNN where it is built in (ops/conv_onednn.hpp).
+  const Geometry convs[] = {{8, 64, 4, 4, 64, 3, 3, 1, 1}, {8, 32, 7, 7, 64, 3, 3, 2, 1}, {6, 8, 9, 9, 16, 3, 3, 1, 1}};
+  struct Result {
+    std::vector<float> y, dx, dw;
+    bool operator==(const Result&) const = default;
+  };
+  auto run = [](const Geometry& g, const Tensor& x, const Tensor& w, const Tensor& dy) {
+    return Result{conv2d(x, w, Tensor{}, g.stride, g.padding, g.dilation, g.groups).to_vector<float>(),
+                  conv2d_backward_data(dy, w, g.x(), g.stride, g.padding, g.dilation, g.groups).to_vector<float>(),
+                  conv2d_backward_weight(dy, x, g.w(), g.stride, g.padding, g.dilation, g.groups).to_vector<float>()};
+  };
+  struct Operands {
+    Tensor x, w, dy;
+  };
+  std::vector<Operands> operands[2];
+  std::vector<Result> alone[2];
+  for (int d = 0; d < 2; ++d)
+    for (const auto& g : convs) {
+      operands[d].push_back({random_normal(g.x()).to(cpu(d)), random_normal(g.w()).to(cpu(d)),
+                             random_normal(g.y()).to(cpu(d))});
+      alone[d].push_back(run(g, operands[d].back().x, operands[d].back().w, operands[d].back().dy));
+    }
+  int differing[2] = {0, 0};
+  auto device = [&](int d) {
+    for (int round = 0; round < 30; ++round)
+      for (std::size_t i = 0; i < std::size(convs); ++i)
+        if (!(run(convs[i], operands[d][i].x, operands[d][i].w, operands[d][i].dy) == alone[d][i])) ++differing[d];
+  };
+  std::thread other(device, 1);
+  device(0);
+  other.join();
+  CHECK(differing[0] == 0);
+  CHECK(differing[1] == 0);
 }
 
 TEST_CASE("the pixel-sum product: every variant this CPU runs on every tile shape") {

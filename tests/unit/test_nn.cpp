@@ -1,6 +1,7 @@
 // Blocks, layers, parameters and initialisers, and hybridize(): captured once
 // per input signature, then the plan runs without the user's forward, with
-// the same numbers as eager execution.
+// the same numbers as eager execution; a data-parallel step on two devices
+// at once, bit for bit as each device alone.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "reference.hpp"
 
@@ -488,4 +490,49 @@ TEST_CASE("nn: layers take their options by name, Gluon's keywords, as the same 
   CHECK(norm.beta().grad_req() == "null");
   CHECK_THROWS_WITH_AS(nn::Conv2D({.channels = 4}), doctest::Contains("kernel_size (0, 0) must be positive"),
                        ValueError);
+}
+
+// A kernel whose results depend on which thread runs it, on its device's
+// share of the cores at that moment, or on what runs beside it gives wrong
+// answers without an error; two devices stepping at once against each alone
+// shows any such kernel among a ResNet's.
+TEST_CASE("nn: a data-parallel step on two CPU devices gives each the gradients it gives alone, bit for bit") {
+  const std::vector<Device> devices{cpu(0), cpu(1)};
+  const Tensor X = random_normal({16, 1, 16, 16}), y = random_uniform({16}, 0, 10).astype(DType::int32);
+  const auto xs = split_and_load(X, devices), ys = split_and_load(y, devices);
+  for (bool hybridized : {false, true}) {
+    CAPTURE(hybridized);
+    hybra::seed(11);
+    // Width 8: its last stage (64 channels) reaches oneDNN where it is built in.
+    nn::HybridSequential net = nn::model_zoo::resnet18(10, 8);
+    net.initialize(nn::init::Xavier(), devices);
+    if (hybridized) net.hybridize();
+    const nn::SoftmaxCrossEntropyLoss loss_fn;
+    // The gradients of the parts in `parts`, their steps run at the same time.
+    auto gradients = [&](const std::vector<std::size_t>& parts) {
+      std::vector<Tensor> losses;
+      {
+        autograd::record rec;
+        for (std::size_t k : parts) losses.push_back(loss_fn(net(xs[k]), ys[k]));
+      }
+      for (Tensor& l : losses) l.backward();
+      std::vector<std::vector<float>> got;
+      for (std::size_t k : parts)
+        for (const auto& p : net.collect_params())
+          if (p.grad_req() != "null") got.push_back(p.grad(devices[k]).to_vector<float>());
+      return got;
+    };
+    auto alone = gradients({0});
+    const auto second = gradients({1});
+    alone.insert(alone.end(), second.begin(), second.end());
+    for (int round = 0; round < 6; ++round) {
+      CAPTURE(round);
+      const auto together = gradients({0, 1});
+      REQUIRE(together.size() == alone.size());
+      for (std::size_t i = 0; i < alone.size(); ++i) {
+        CAPTURE(i);
+        CHECK(together[i] == alone[i]);
+      }
+    }
+  }
 }

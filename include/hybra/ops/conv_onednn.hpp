@@ -17,6 +17,12 @@
 // by the shapes, each slot's gradient computed on one thread, and the slots'
 // gradients added in slot order.
 //
+// Every primitive here is made to take its scratchpad from the caller, who
+// gives it the executing thread's. oneDNN's own scratchpad is shared by the
+// primitives one thread made, so a cached primitive that another thread runs
+// (another device's worker, a loop's team) would write it while its maker
+// runs a second one: wrong results, without an error.
+//
 // oneDNN skips the padding rather than multiplying its zeros, so where an
 // inf meets only padding, its gradient stays inf where hybra's im2col gives
 // NaN (0 x inf); finite operands give the same sums up to rounding.
@@ -81,6 +87,12 @@ inline dnnl::memory::desc plain(const dnnl::memory::dims& d, tag t) {
 }
 inline dnnl::memory::desc any(const dnnl::memory::dims& d) { return plain(d, tag::any); }
 
+inline dnnl::primitive_attr scratchpad_from_caller() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
 // The convolution's descriptors for `images` images of g.
 struct Descs {
   dnnl::memory::dims x, w, y;
@@ -96,7 +108,7 @@ struct Descs {
   dnnl::convolution_forward::primitive_desc forward(dnnl::prop_kind kind, bool bias) const {
     const auto b = bias ? plain({y[1]}, tag::x) : dnnl::memory::desc();
     return {{kind, dnnl::algorithm::convolution_direct, any(x), any(w), b, any(y), stride, pad_begin, pad_end},
-            cpu::engine()};
+            scratchpad_from_caller(), cpu::engine()};
   }
 };
 
@@ -107,10 +119,10 @@ inline Key key(ConvPass pass, const Conv2dGeometry& g, std::int64_t images, int 
           g.dh, g.dw, g.groups, images, threads, bias};
 }
 
-// A primitive with the layouts it reads and writes.
+// A primitive with the layouts it reads and writes, and its scratchpad's.
 struct Primitive {
   dnnl::primitive run;
-  dnnl::memory::desc in0, in1, out;
+  dnnl::memory::desc in0, in1, out, scratchpad;
 };
 
 inline cpu::Cache<Key, Primitive>& primitives() {
@@ -126,7 +138,8 @@ inline dnnl::memory reordered(const dnnl::memory::desc& want, dnnl::memory data)
 }
 
 // The calling thread's buffer for one call's operand `slot` (0, 1: inputs,
-// 2: the result) in a blocked layout, kept from call to call: a buffer
+// 2: the result) in a blocked layout, or for its scratchpad (slot 3), kept
+// from call to call: a buffer
 // allocated per call costs its page faults on every call (a ResNet layer's
 // activations are megabytes). It is as large as the largest such operand
 // the thread has needed.
@@ -135,7 +148,7 @@ inline dnnl::memory scratch(int slot, const dnnl::memory::desc& layout) {
     std::unique_ptr<void, decltype(&std::free)> bytes{nullptr, &std::free};
     std::size_t size = 0;
   };
-  thread_local std::array<Buffer, 3> buffers;
+  thread_local std::array<Buffer, 4> buffers;
   Buffer& b = buffers[static_cast<std::size_t>(slot)];
   if (const std::size_t need = layout.get_size(); need > b.size) {
     b.bytes.reset();
@@ -164,6 +177,7 @@ inline void execute(const Primitive& p, int in0_arg, const dnnl::memory& in0, in
   std::unordered_map<int, dnnl::memory> args{
       {in0_arg, as(p.in0, in0, 0)}, {in1_arg, as(p.in1, in1, 1)}, {out_arg, result}};
   if (bias) args.emplace(DNNL_ARG_BIAS, *bias);
+  if (p.scratchpad.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, scratch(3, p.scratchpad));
   p.run.execute(cpu::stream(), args);
   if (result != out) dnnl::reorder(result, out).execute(cpu::stream(), result, out);
   cpu::stream().wait();
@@ -209,7 +223,8 @@ inline void onednn_conv2d(const float* x, const float* w, const float* b, float*
     const o::Descs d(g, g.N);
     const auto& p = o::primitives().get(o::key(ConvPass::forward, g, g.N, threads, b != nullptr), [&] {
       const auto pd = d.forward(dnnl::prop_kind::forward_inference, b != nullptr);
-      return o::Primitive{dnnl::convolution_forward(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc()};
+      return o::Primitive{dnnl::convolution_forward(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc(),
+                          pd.scratchpad_desc()};
     });
     const dnnl::memory bias = b ? o::wrap({g.F}, o::tag::x, b) : dnnl::memory();
     o::execute(p, DNNL_ARG_SRC, o::wrap(d.x, o::tag::nchw, x), DNNL_ARG_WEIGHTS,
@@ -230,9 +245,9 @@ inline void onednn_conv2d_backward_data(const float* dy, const float* w, float* 
       const dnnl::convolution_backward_data::primitive_desc pd(
           {dnnl::algorithm::convolution_direct, o::any(d.x), o::any(d.w), o::any(d.y), d.stride, d.pad_begin,
            d.pad_end},
-          o::cpu::engine(), hint);
+          o::scratchpad_from_caller(), o::cpu::engine(), hint);
       return o::Primitive{dnnl::convolution_backward_data(pd), pd.diff_dst_desc(), pd.weights_desc(),
-                          pd.diff_src_desc()};
+                          pd.diff_src_desc(), pd.scratchpad_desc()};
     });
     o::execute(p, DNNL_ARG_DIFF_DST, o::wrap(d.y, o::tag::nchw, dy), DNNL_ARG_WEIGHTS, o::wrap(d.w, o::tag::oihw, w),
                DNNL_ARG_DIFF_SRC, o::wrap(d.x, o::tag::nchw, dx));
@@ -271,9 +286,9 @@ inline void onednn_conv2d_backward_weight(const float* dy, const float* x, float
       const dnnl::convolution_backward_weights::primitive_desc pd(
           {dnnl::algorithm::convolution_direct, o::any(d.x), o::any(d.w), o::any(d.y), d.stride, d.pad_begin,
            d.pad_end},
-          o::cpu::engine(), hint);
+          o::scratchpad_from_caller(), o::cpu::engine(), hint);
       return o::Primitive{dnnl::convolution_backward_weights(pd), pd.diff_dst_desc(), pd.src_desc(),
-                          pd.diff_weights_desc()};
+                          pd.diff_weights_desc(), pd.scratchpad_desc()};
     });
     float* out = s == 0 ? dw : partial.data() + (s - 1) * weights;
     o::execute(p, DNNL_ARG_DIFF_DST, o::wrap(d.y, o::tag::nchw, dy + n0 * g.F * g.OH * g.OW), DNNL_ARG_SRC,
