@@ -20,8 +20,9 @@ int main(int argc, char** argv) {
                                     "Implementation for Multiple GPUs\" does,\non hybra's CPU devices, GPUs or a mix."};
   program.smoke = {.devices = {hybra::cpu(0), hybra::cpu(1)}, .epochs = 1, .batch_size = 64, .lr = 0.05,
                    .train_size = 2048, .test_size = 512};
-  // Chance is 0.1; the smoke epoch reaches 0.49 on the project's VM, the same bits on every run and either engine.
-  program.smoke_accuracy = 0.4;
+  // Chance is 0.1. The smoke epoch repeats its bits from run to run, but its figure moves with the kernels'
+  // rounding (0.49, 0.61 and 0.63 from three builds on the project's VM): the bound leaves room for another CPU's.
+  program.smoke_accuracy = 0.3;
   program.model_options = [](example::po::options_description& model) {
     model.add_options()("width", example::po::value<std::int64_t>(),
                         "channels of the first convolution (D2L's: 64, the default; --smoke's: 8)");

@@ -17,11 +17,12 @@
 // by the shapes, each slot's gradient computed on one thread, and the slots'
 // gradients added in slot order.
 //
-// Every primitive here is made to take its scratchpad from the caller, who
-// gives it the executing thread's. oneDNN's own scratchpad is shared by the
-// primitives one thread made, so a cached primitive that another thread runs
+// The cached primitives take their scratchpad from the caller, who gives
+// each call the running thread's. oneDNN's own scratchpad is shared by the
+// primitives one thread made, so a cached primitive run on another thread
 // (another device's worker, a loop's team) would write it while its maker
-// runs a second one: wrong results, without an error.
+// runs a second one: wrong results, without an error. The reorders made for
+// one call run on the thread that made them and keep oneDNN's.
 //
 // oneDNN skips the padding rather than multiplying its zeros, so where an
 // inf meets only padding, its gradient stays inf where hybra's im2col gives
@@ -139,10 +140,9 @@ inline dnnl::memory reordered(const dnnl::memory::desc& want, dnnl::memory data)
 
 // The calling thread's buffer for one call's operand `slot` (0, 1: inputs,
 // 2: the result) in a blocked layout, or for its scratchpad (slot 3), kept
-// from call to call: a buffer
-// allocated per call costs its page faults on every call (a ResNet layer's
-// activations are megabytes). It is as large as the largest such operand
-// the thread has needed.
+// from call to call: a buffer allocated per call costs its page faults on
+// every call (a ResNet layer's activations are megabytes). It is as large as
+// the largest such operand the thread has needed.
 inline dnnl::memory scratch(int slot, const dnnl::memory::desc& layout) {
   struct Buffer {
     std::unique_ptr<void, decltype(&std::free)> bytes{nullptr, &std::free};
