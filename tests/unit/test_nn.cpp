@@ -495,17 +495,17 @@ TEST_CASE("nn: layers take their options by name, Gluon's keywords, as the same 
 // A kernel whose results depend on which thread runs it, on its device's
 // share of the cores at that moment, or on what runs beside it gives wrong
 // answers without an error; two devices stepping at once against each alone
-// shows any such kernel among a ResNet's.
-TEST_CASE("nn: a data-parallel step on two CPU devices gives each the gradients it gives alone, bit for bit") {
+// shows any such kernel among a model's. `make` gives the model, its
+// parameters initialised on both devices.
+namespace {
+template <class Make>
+void check_each_device_steps_as_alone(Make make, const Tensor& X, const Tensor& y) {
   const std::vector<Device> devices{cpu(0), cpu(1)};
-  const Tensor X = random_normal({16, 1, 16, 16}), y = random_uniform({16}, 0, 10).astype(DType::int32);
   const auto xs = split_and_load(X, devices), ys = split_and_load(y, devices);
   for (bool hybridized : {false, true}) {
     CAPTURE(hybridized);
     hybra::seed(11);
-    // Width 8: its last stage (64 channels) reaches oneDNN where it is built in.
-    nn::HybridSequential net = nn::model_zoo::resnet18(10, 8);
-    net.initialize(nn::init::Xavier(), devices);
+    nn::HybridSequential net = make(devices);
     if (hybridized) net.hybridize();
     const nn::SoftmaxCrossEntropyLoss loss_fn;
     // The gradients of the parts in `parts`, their steps run at the same time.
@@ -534,5 +534,35 @@ TEST_CASE("nn: a data-parallel step on two CPU devices gives each the gradients 
         CHECK(together[i] == alone[i]);
       }
     }
+  }
+}
+}  // namespace
+
+TEST_CASE("nn: a data-parallel step on two CPU devices gives each the gradients it gives alone, bit for bit") {
+  SUBCASE("ResNet-18") {
+    // Width 8: its last stage (64 channels) reaches oneDNN where it is built in.
+    check_each_device_steps_as_alone(
+        [](const std::vector<Device>& devices) {
+          nn::HybridSequential net = nn::model_zoo::resnet18(10, 8);
+          net.initialize(nn::init::Xavier(), devices);
+          return net;
+        },
+        random_normal({16, 1, 16, 16}), random_uniform({16}, 0, 10).astype(DType::int32));
+  }
+  SUBCASE("a transformer encoder: embedding, attention, layer norm, GELU") {
+    // Products of 32 x 64 and more reach OpenBLAS; no dropout, whose masks
+    // are drawn in the order the devices ask.
+    check_each_device_steps_as_alone(
+        [](const std::vector<Device>& devices) {
+          nn::HybridSequential net;
+          net.add(nn::Embedding({.input_dim = 50, .output_dim = 32}),
+                  nn::TransformerEncoderLayer({.units = 32, .heads = 4, .hidden = 64, .dropout = 0,
+                                               .activation = "gelu"}),
+                  nn::Dense(10, "", 16 * 32));
+          net.initialize(nn::init::Xavier(), devices);
+          return net;
+        },
+        random_uniform({8, 16}, 0, 50).astype(DType::int32).astype(DType::float32),
+        random_uniform({8}, 0, 10).astype(DType::int32));
   }
 }
