@@ -12,10 +12,9 @@
 // The gradients do not depend on the thread count, bit for bit (the contract
 // of conv_backward.hpp; its tests hold this file to it). oneDNN's forward
 // and data-gradient kernels compute each output on one thread, in an order
-// fixed by the shapes. Its weight gradient splits the sum over images
-// between threads, so here the images are cut into a number of slots fixed
-// by the shapes, each slot's gradient computed on one thread, and the slots'
-// gradients added in slot order.
+// fixed by the shapes. Its weight gradient splits the work by the thread
+// count, so here it is cut into parts fixed by the shapes (images or
+// filters: WeightGradientParts), each part computed on one thread.
 //
 // The cached primitives take their scratchpad from the caller, who gives
 // each call the running thread's. oneDNN's own scratchpad is shared by the
@@ -254,34 +253,54 @@ inline void onednn_conv2d_backward_data(const float* dy, const float* w, float* 
   });
 }
 
-// The images of a weight gradient's slot s of `slots`: the first N % slots
-// slots take one more.
-struct ImageSlots {
-  std::int64_t slots, base, extra;
-  explicit ImageSlots(std::int64_t images) : slots(std::min<std::int64_t>(images, 4)), base(0), extra(0) {
-    base = images / slots;
-    extra = images % slots;
+// How a weight gradient is cut into parts, each computed on one thread, a
+// cut fixed by the shapes: by images, each part's sum into a copy of dw
+// (part 0's into dw itself) and the copies added in part order; or by
+// filters, in blocks of 16 (oneDNN's), each part writing its own rows of dw
+// and reading the whole input. The image cut writes and adds a copy of the
+// weights per part, the filter cut reads the input once per part, so the
+// filters are cut where the weights are large against the images' pixels
+// (ResNet's last stages: docs/benchmarks.md).
+struct WeightGradientParts {
+  static constexpr std::int64_t filter_block = 16;
+  bool by_filters;
+  std::int64_t parts = 0, base = 0, extra = 0;  // in images, or in blocks of filters
+  explicit WeightGradientParts(const Conv2dGeometry& g)
+      : by_filters(g.F % filter_block == 0 && g.F >= 4 * filter_block &&
+                   4 * g.F * g.KH * g.KW >= g.N * g.H * g.W) {
+    const std::int64_t units = by_filters ? g.F / filter_block : g.N;
+    parts = std::min<std::int64_t>(units, 4);
+    base = units / parts;
+    extra = units % parts;
   }
+  // Part s's first unit and its count: the first units % parts parts take one more.
   std::int64_t first(std::int64_t s) const { return s * base + std::min(s, extra); }
   std::int64_t count(std::int64_t s) const { return base + (s < extra ? 1 : 0); }
 };
 
-// dw (F, C, KH, KW) from dy and x: each slot's images on one thread, into
-// dw (slot 0) or a buffer of its own, then the buffers added into dw in
-// slot order.
+// dw (F, C, KH, KW) from dy and x, in the parts of WeightGradientParts.
 inline void onednn_conv2d_backward_weight(const float* dy, const float* x, float* dw, const Conv2dGeometry& g) {
   namespace o = onednn_conv;
-  const ImageSlots slots(g.N);
+  const WeightGradientParts cut(g);
   const std::int64_t weights = g.F * g.C * g.KH * g.KW;
   std::vector<float> partial;
-  backend::cpu::onednn::guarded("conv2d_backward_weight", [&] {
-    partial.resize(static_cast<std::size_t>((slots.slots - 1) * weights));
-  });
-  auto slot_gradient = [&](std::int64_t s) {
+  if (!cut.by_filters)
+    backend::cpu::onednn::guarded("conv2d_backward_weight", [&] {
+      partial.resize(static_cast<std::size_t>((cut.parts - 1) * weights));
+    });
+  auto part_gradient = [&](std::int64_t s) {
     backend::cpu::onednn::ThreadCount scope(1);
-    const std::int64_t images = slots.count(s), n0 = slots.first(s);
-    const o::Descs d(g, images);
-    const auto& p = o::primitives().get(o::key(ConvPass::backward_weight, g, images, 1, false), [&] {
+    Conv2dGeometry part = g;
+    std::int64_t n0 = 0, f0 = 0;
+    if (cut.by_filters) {
+      f0 = cut.first(s) * cut.filter_block;
+      part.F = cut.count(s) * cut.filter_block;
+    } else {
+      n0 = cut.first(s);
+      part.N = cut.count(s);
+    }
+    const o::Descs d(part, part.N);
+    const auto& p = o::primitives().get(o::key(ConvPass::backward_weight, part, part.N, 1, false), [&] {
       const auto hint = d.forward(dnnl::prop_kind::forward_training, false);
       const dnnl::convolution_backward_weights::primitive_desc pd(
           {dnnl::algorithm::convolution_direct, o::any(d.x), o::any(d.w), o::any(d.y), d.stride, d.pad_begin,
@@ -290,19 +309,22 @@ inline void onednn_conv2d_backward_weight(const float* dy, const float* x, float
       return o::Primitive{dnnl::convolution_backward_weights(pd), pd.diff_dst_desc(), pd.src_desc(),
                           pd.diff_weights_desc(), pd.scratchpad_desc()};
     });
-    float* out = s == 0 ? dw : partial.data() + (s - 1) * weights;
-    o::execute(p, DNNL_ARG_DIFF_DST, o::wrap(d.y, o::tag::nchw, dy + n0 * g.F * g.OH * g.OW), DNNL_ARG_SRC,
-               o::wrap(d.x, o::tag::nchw, x + n0 * g.C * g.H * g.W), DNNL_ARG_DIFF_WEIGHTS,
-               o::wrap(d.w, o::tag::oihw, out));
+    // The part's filters of dy: a strided view when it is not all of them.
+    const dnnl::memory::desc dy_part(d.y, dnnl::memory::data_type::f32,
+                                     {g.F * g.OH * g.OW, g.OH * g.OW, g.OW, 1});
+    const dnnl::memory dy_memory(dy_part, o::cpu::engine(), const_cast<float*>(dy + (n0 * g.F + f0) * g.OH * g.OW));
+    float* out = cut.by_filters ? dw + f0 * g.C * g.KH * g.KW : s == 0 ? dw : partial.data() + (s - 1) * weights;
+    o::execute(p, DNNL_ARG_DIFF_DST, dy_memory, DNNL_ARG_SRC, o::wrap(d.x, o::tag::nchw, x + n0 * g.C * g.H * g.W),
+               DNNL_ARG_DIFF_WEIGHTS, o::wrap(d.w, o::tag::oihw, out));
   };
-  // A slot's oneDNN error, kept to be rethrown on the calling thread.
+  // A part's oneDNN error, kept to be rethrown on the calling thread.
   std::atomic<bool> failed{false};
   std::exception_ptr error;
   std::mutex error_mutex;
-  backend::cpu::parallel_for(slots.slots, weights * g.OH * g.OW * g.N / slots.slots, [&](std::int64_t first, std::int64_t last) {
+  backend::cpu::parallel_for(cut.parts, weights * g.OH * g.OW * g.N / cut.parts, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t s = first; s < last && !failed.load(std::memory_order_relaxed); ++s) {
       try {
-        backend::cpu::onednn::guarded("conv2d_backward_weight", [&] { slot_gradient(s); });
+        backend::cpu::onednn::guarded("conv2d_backward_weight", [&] { part_gradient(s); });
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!failed.exchange(true)) error = std::current_exception();
@@ -310,8 +332,9 @@ inline void onednn_conv2d_backward_weight(const float* dy, const float* x, float
     }
   });
   if (error) std::rethrow_exception(error);
-  backend::cpu::parallel_for(weights, slots.slots, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t s = 1; s < slots.slots; ++s) {
+  if (cut.by_filters) return;
+  backend::cpu::parallel_for(weights, cut.parts, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t s = 1; s < cut.parts; ++s) {
       const float* add = partial.data() + (s - 1) * weights;
       for (std::int64_t i = first; i < last; ++i) dw[i] += add[i];
     }
