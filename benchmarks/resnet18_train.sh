@@ -18,7 +18,7 @@ torch=${TORCH_PYTHON:?a Python with torch}
 threads=${THREADS:-$(nproc)} rounds=${ROUNDS:-2}
 args=(--width "${WIDTH:-64}" --batch-size "${BATCH:-64}" --train-size "${TRAIN_SIZE:-2048}" --test-size "${TEST_SIZE:-1000}")
 
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DHYBRA_OPTIMIZE_PROGRAMS=ON >/dev/null
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DHYBRA_OPTIMIZE_PROGRAMS=ON -DHYBRA_BUILD_EXAMPLES=ON >/dev/null
 cmake --build "$build" --target train_resnet -j "${JOBS:-2}"
 export OMP_NUM_THREADS=$threads
 peer="$root/benchmarks/peers/resnet18_train.py"

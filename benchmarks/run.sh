@@ -14,7 +14,7 @@ shift
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(realpath -m "${BUILD_DIR:-$root/build}")
 
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DHYBRA_OPTIMIZE_PROGRAMS=ON >/dev/null
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DHYBRA_OPTIMIZE_PROGRAMS=ON -DHYBRA_BUILD_BENCHMARKS=ON >/dev/null
 cmake --build "$build" --target "$target" -j "${JOBS:-2}"
 
 echo "load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
