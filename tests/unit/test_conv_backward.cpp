@@ -286,8 +286,8 @@ TEST_CASE("conv2d gradients: LeNet's layers, wide channels, bands of large image
   check_conv_gradients({3, 6, 10, 10, 6, 3, 3, 1, 1, 1, 6}, f32);              // depthwise, stride 1
   check_conv_gradients({2, 2, 7, 30, 3, 2, 2, {1, 3}, {0, 1}, {2, 1}}, f64);
   // ResNet's wider layers, where oneDNN computes float32 when built in (ops/conv_onednn.hpp): the weight
-  // gradient cut by filters (4 parts of 32; 4 of 16; 2, 1, 1, 1 blocks of 16) and by images (2, 1, 1, 1),
-  // the data gradient over 128 filters.
+  // gradient cut by filters (4 parts of 32 filters in the first two, of 16 in the third; 2, 1, 1, 1 blocks
+  // of 16 in the fourth) and by images (2, 1, 1, 1 in the last), the data gradient over 128 filters.
   check_conv_gradients({5, 64, 15, 15, 128, 3, 3, 2, 1}, f32);
   check_conv_gradients({4, 64, 16, 16, 128, 3, 3, 1, 1}, f32);
   check_conv_gradients({1, 64, 9, 9, 64, 3, 3, 1, 1}, f32);
@@ -360,8 +360,8 @@ TEST_CASE("conv2d gradients with NaN and infinity: as im2col, and no wide pixel 
 
 TEST_CASE("conv2d, its gradients and pooling gradients do not depend on the thread count, bit for bit") {
   ThreadCount restore;
-  // The last five reach oneDNN where it is built in (ops/conv_onednn.hpp), the last its weight gradient
-  // cut by images, the others by filters.
+  // The third and the last five reach oneDNN where it is built in (ops/conv_onednn.hpp): the last its
+  // weight gradient cut by images, the others by filters.
   const Geometry convs[] = {{37, 6, 14, 14, 16, 5, 5},        {9, 1, 28, 28, 6, 5, 5, 1, 2},
                             {3, 64, 12, 12, 64, 3, 3, 1, 1},  {5, 8, 15, 13, 12, 3, 3, 2, 1, 1, 2},
                             {4, 64, 16, 16, 128, 3, 3, 1, 1}, {5, 64, 15, 15, 128, 3, 3, 2, 1},
