@@ -11,6 +11,7 @@
 #include <ostream>
 
 #include "../ops/tape.hpp"
+#include "../backend/cpu/isa.hpp"
 #include "../backend/cpu/threads.hpp"
 #include "../core/format.hpp"
 #include "../engine/push.hpp"
@@ -204,11 +205,19 @@ class strided_chunks {
 };
 
 // Writes k(i) for i in [begin, end) to out[i]: the one loop every fused
-// kernel runs, contiguous on both sides.
-template <class O, class K>
+// kernel runs, contiguous on both sides. A kernel with a costly op is bound
+// by its arithmetic and takes the target's widest vectors; a cheap one is
+// bound by memory, where those measured slower on a Skylake-class CPU
+// (docs/benchmarks.md, "vector math").
+template <class T, class O, class K>
 void run_kernel(const K& k, O* out, std::int64_t begin, std::int64_t end) {
+  if constexpr (K::costly) {
+#pragma omp simd simdlen(backend::cpu::simd_lanes<T, O>)
+    for (std::int64_t i = begin; i < end; ++i) out[i] = static_cast<O>(k(i));
+  } else {
 #pragma omp simd
-  for (std::int64_t i = begin; i < end; ++i) out[i] = static_cast<O>(k(i));
+    for (std::int64_t i = begin; i < end; ++i) out[i] = static_cast<O>(k(i));
+  }
 }
 
 // Runs e's kernel (tensor dtype T) into `out` (C++ type O, out.shape() is the
@@ -228,7 +237,7 @@ void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
   if (flat) {
     auto k = kernel::build<T>(e, ptrs.data());
     if constexpr (!decltype(k)::costly) {
-      backend::cpu::parallel_for(n, 1, [&](std::int64_t begin, std::int64_t end) { run_kernel(k, dst, begin, end); });
+      backend::cpu::parallel_for(n, 1, [&](std::int64_t begin, std::int64_t end) { run_kernel<T>(k, dst, begin, end); });
     } else {
       // With vector math calls in the loop body, too few loads are in flight
       // for the hardware prefetcher to hide memory latency on arrays beyond
@@ -241,7 +250,7 @@ void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
       backend::cpu::parallel_for(n, 1, [&](std::int64_t begin, std::int64_t end) {
         for (std::int64_t c = begin; c < end; c += chunk) {
           for (std::int64_t i = c + ahead; i < std::min(end, c + ahead + chunk); i += line) k.prefetch(i);
-          run_kernel(k, dst, c, std::min(end, c + chunk));
+          run_kernel<T>(k, dst, c, std::min(end, c + chunk));
         }
       });
     }
@@ -253,7 +262,7 @@ void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
     strided_chunks<T, O> walk(plan, ptrs, dst);
     for (std::int64_t item = first; item < last; ++item)
       for (walk.start(item); walk.next(); walk.store())
-        run_kernel(kernel::build<T>(e, walk.leaves()), walk.out(), 0, walk.size());
+        run_kernel<T>(kernel::build<T>(e, walk.leaves()), walk.out(), 0, walk.size());
   });
 }
 

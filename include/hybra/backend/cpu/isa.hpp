@@ -4,6 +4,13 @@
 // x86-64 only; `flatten` inlines its tiles, so each is compiled for its
 // target) and generic. runnable_variants lists the builds this CPU can run,
 // fastest first; the kernel calls the first, and the tests run every one.
+//
+// A compute-bound loop left to the compiler's vectoriser asks for the widest
+// vector of the build's own target (simd_lanes): GCC's tuning for
+// Skylake-class CPUs prefers 256-bit vectors where AVX-512 is enabled, which
+// halves the width of an elementwise loop of vector math (docs/benchmarks.md,
+// "vector math").
+#include <algorithm>
 #include <vector>
 
 namespace hybra::backend::cpu {
@@ -11,6 +18,19 @@ namespace hybra::backend::cpu {
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define HYBRA_ISA_VARIANTS 1
 #endif
+
+#if defined(__AVX512F__)
+inline constexpr int simd_bytes = 64;
+#elif defined(__AVX__)
+inline constexpr int simd_bytes = 32;
+#else
+inline constexpr int simd_bytes = 16;
+#endif
+
+// Elements of the widest of the types T per vector of simd_bytes: the
+// `simdlen` of a loop over them.
+template <class... T>
+inline constexpr int simd_lanes = std::max(1, simd_bytes / static_cast<int>(std::max({sizeof(T)...})));
 
 template <class Fn>
 std::vector<Fn> runnable_variants([[maybe_unused]] Fn avx512, [[maybe_unused]] Fn avx2, Fn generic) {
