@@ -3,8 +3,7 @@
 
 Usage: python3 benchmarks/fusion_codegen.py build/benchmarks/bench_fusion [--print]
 
-Disassembles (objdump) the loop bodies of run_fused (the function that
-backend::cpu::parallel_for runs on each thread) for the short chain
+Disassembles (objdump) run_kernel, the loop every fused kernel runs, for the short chain
 relu(a * b + c) * d + 1 and the long chain sigmoid(tanh(a * b + c) * exp(-d)) + a
 (float32, contiguous operands), finds each one's innermost vector loop and reports
 its vector registers and the functions it calls (libmvec: _ZGV<isa>N<lanes>v_<fn>),
@@ -14,10 +13,10 @@ import re
 import subprocess
 import sys
 
-# Markers in the demangled name of run_fused's instantiation for each chain.
+# Markers in the demangled name of run_kernel's instantiation for each chain.
 CHAINS = {
-    "short": ("run_fused<float, float", "op::relu", "tuple<int>"),
-    "long": ("run_fused<float, float", "op::sigmoid", "op::tanh"),
+    "short": ("run_kernel<float, float", "op::relu", "op::multiply", "scalar_leaf<int>"),
+    "long": ("run_kernel<float, float", "op::sigmoid", "op::tanh"),
 }
 
 
@@ -60,7 +59,7 @@ def main():
     for chain, markers in CHAINS.items():
         best = None  # (vector instructions, loop body, prefetches) of the hottest loop
         for head, insns in functions(binary):
-            if "::_FUN(void*, long, long)" not in head or not all(m in head for m in markers):
+            if not all(m in head for m in markers):
                 continue
             for start, end in inner_loops(insns):
                 body = [t for _, t in insns[start:end + 1]]

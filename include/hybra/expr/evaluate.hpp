@@ -205,15 +205,28 @@ class strided_chunks {
 };
 
 // Writes k(i) for i in [begin, end) to out[i]: the one loop every fused
-// kernel runs, contiguous on both sides. A kernel with a costly op is bound
-// by its arithmetic and takes the target's widest vectors; a cheap one is
-// bound by memory, where those measured slower on a Skylake-class CPU
-// (docs/benchmarks.md, "vector math").
+// kernel runs, contiguous on both sides, out of line (HYBRA_ROUND_EVERY_OP).
+//
+// A kernel with a costly op is bound by its arithmetic. It takes the target's
+// widest vectors (a cheap kernel keeps the compiler's choice: bound by memory,
+// it measured slower with them on a Skylake-class CPU). With so many
+// instructions per element too few loads are in flight for the hardware
+// prefetcher to hide memory latency on arrays beyond the caches (such a loop
+// ran 3-6% behind Eigen's inline math on 2^24 floats, docs/benchmarks.md,
+// "vector math"), so the loop requests its operands 2 KiB ahead. Chunks are
+// whole cache lines, a multiple of every vector width, so each element takes
+// the same code path (vector body or scalar tail) and gets the same value as
+// in one unchunked loop.
 template <class T, class O, class K>
-void run_kernel(const K& k, O* out, std::int64_t begin, std::int64_t end) {
+HYBRA_ROUND_EVERY_OP void run_kernel(const K& k, O* out, std::int64_t begin, std::int64_t end) {
   if constexpr (K::costly) {
+    constexpr std::int64_t line = 64 / sizeof(T), chunk = 4 * line, ahead = 2048 / sizeof(T);
+    for (std::int64_t c = begin; c < end; c += chunk) {
+      for (std::int64_t i = c + ahead; i < std::min(end, c + ahead + chunk); i += line) k.prefetch(i);
+      const std::int64_t last = std::min(end, c + chunk);
 #pragma omp simd simdlen(backend::cpu::simd_lanes<T, O>)
-    for (std::int64_t i = begin; i < end; ++i) out[i] = static_cast<O>(k(i));
+      for (std::int64_t i = c; i < last; ++i) out[i] = static_cast<O>(k(i));
+    }
   } else {
 #pragma omp simd
     for (std::int64_t i = begin; i < end; ++i) out[i] = static_cast<O>(k(i));
@@ -236,24 +249,7 @@ void run_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
   O* dst = static_cast<O*>(out.raw_data());
   if (flat) {
     auto k = kernel::build<T>(e, ptrs.data());
-    if constexpr (!decltype(k)::costly) {
-      backend::cpu::parallel_for(n, 1, [&](std::int64_t begin, std::int64_t end) { run_kernel<T>(k, dst, begin, end); });
-    } else {
-      // With vector math calls in the loop body, too few loads are in flight
-      // for the hardware prefetcher to hide memory latency on arrays beyond
-      // the caches (such a loop ran 3-6% behind Eigen's inline math on 2^24
-      // floats, docs/benchmarks.md), so the loop requests its operands 2 KiB
-      // ahead. Chunks are whole cache lines, a multiple of every vector
-      // width, so each element takes the same code path (vector body or
-      // scalar tail) and gets the same value as in one unchunked loop.
-      constexpr std::int64_t line = 64 / sizeof(T), chunk = 4 * line, ahead = 2048 / sizeof(T);
-      backend::cpu::parallel_for(n, 1, [&](std::int64_t begin, std::int64_t end) {
-        for (std::int64_t c = begin; c < end; c += chunk) {
-          for (std::int64_t i = c + ahead; i < std::min(end, c + ahead + chunk); i += line) k.prefetch(i);
-          run_kernel<T>(k, dst, c, std::min(end, c + chunk));
-        }
-      });
-    }
+    backend::cpu::parallel_for(n, 1, [&](std::int64_t begin, std::int64_t end) { run_kernel<T>(k, dst, begin, end); });
     return;
   }
 

@@ -34,7 +34,7 @@ using block_fn = void (*)(T* out, const T* const* in, std::int64_t n);
 // Every op asks for the target's widest vectors (isa.hpp): the costly ones
 // need them, and over a block in L1 the cheap ones measured no slower.
 template <class Op, class T>
-void run_block(T* out, const T* const* in, std::int64_t n) {
+HYBRA_ROUND_EVERY_OP void run_block(T* out, const T* const* in, std::int64_t n) {
   if constexpr (Op::rule == op::DTypeRule::select) {
     const T *c = in[0], *a = in[1], *b = in[2];
 #pragma omp simd simdlen(simd_lanes<T>)

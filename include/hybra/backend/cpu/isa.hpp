@@ -32,6 +32,20 @@ inline constexpr int simd_bytes = 16;
 template <class... T>
 inline constexpr int simd_lanes = std::max(1, simd_bytes / static_cast<int>(std::max({sizeof(T)...})));
 
+// An elementwise loop rounds every op's result, as the op alone would: GCC
+// (-ffp-contract=fast, its default for GNU C++) would otherwise join a
+// multiply and the add after it into one FMA across the inlined ops of a
+// fused expression, where a captured graph's fused loop, which runs op by op,
+// rounds the product, and eager and hybridized results would differ in FMA
+// builds. GCC does not inline a function with this attribute into one
+// without it, so the setting holds for the loop and what it inlines. Vector
+// math asks for its FMAs explicitly (vector_math.hpp).
+#if defined(__GNUC__) && !defined(__clang__)
+#define HYBRA_ROUND_EVERY_OP __attribute__((optimize("fp-contract=off")))
+#else
+#define HYBRA_ROUND_EVERY_OP
+#endif
+
 template <class Fn>
 std::vector<Fn> runnable_variants([[maybe_unused]] Fn avx512, [[maybe_unused]] Fn avx2, Fn generic) {
   std::vector<Fn> variants;
