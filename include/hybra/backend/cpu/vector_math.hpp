@@ -4,10 +4,13 @@
 //
 // float32 exp, tanh and sigmoid are hybra's own (namespace float32 below):
 // straight-line arithmetic and bit operations, with no branch and no call, so
-// GCC inlines them into a fused loop and vectorises them with it. Every
-// choice between values is a bit select: GCC keeps a loop with `c ? a * b : b`
-// scalar unless it can mask the multiply (AVX-512), and specialises the code
-// after `x < lo ? lo : x` for the constant. Every function keeps NaN, gives
+// GCC inlines them into a fused loop and vectorises them with it. A choice
+// between two computed values is a bit select: GCC keeps a loop with
+// `c ? a * b : b` scalar unless it can mask the multiply (AVX-512). A clamp is
+// a min or max against a bound GCC cannot fold (`opaque`), and the polynomial
+// is evaluated in two halves: the fused loops of a chain of these functions
+// are bound by the latency of each element's chain, not by the number of
+// instructions (docs/benchmarks.md). Every function keeps NaN, gives
 // the limits at infinity, and is accurate to a few units in the last place
 // (the bounds are tested, tests/unit/test_expr.cpp); nothing needs them to
 // match glibc's bit for bit. The ops use them where they measured faster than
@@ -69,9 +72,24 @@ inline float select(bool take_a, float a, float b) {
   const std::uint32_t mask = 0u - static_cast<std::uint32_t>(take_a);
   return from_bits((bits(a) & mask) | (bits(b) & ~mask));
 }
+// Always 0. GCC 12 vectorises `x < c ? c : x` with a constant c as a
+// compare into a mask and a blend, two instructions on the element's critical
+// path; with a loop-invariant c it emits one min or max instruction (whose
+// operand order keeps NaN, as the select does). A bound passed through
+// `opaque` is such a value: this variable is not const, so GCC cannot fold
+// it, and loads it once, before the loop.
+inline std::uint32_t opaque_zero = 0;
+inline float opaque(float c) { return from_bits(bits(c) | opaque_zero); }
+
 // max(x, lo) and min(x, hi) that keep NaN
-inline float at_least(float x, float lo) { return select(x < lo, lo, x); }
-inline float at_most(float x, float hi) { return select(x > hi, hi, x); }
+inline float at_least(float x, float lo) {
+  lo = opaque(lo);
+  return x < lo ? lo : x;
+}
+inline float at_most(float x, float hi) {
+  hi = opaque(hi);
+  return x > hi ? hi : x;
+}
 
 // Adding 1.5 * 2^23 rounds a float of magnitude below 2^22 to an integer,
 // which then sits in the sum's low mantissa bits.
@@ -84,31 +102,39 @@ struct Reduced {
   float r;
   std::uint32_t shifted_bits;
 };
-inline Reduced reduce(float x) {
-  constexpr float log2e = 1.44269504088896341f, ln2_high = 0.693145751953125f, ln2_low = 1.4286068203094172e-06f;
-  const float shifted = multiply_add(x, log2e, round_shift);
+inline constexpr float log2e = 1.44269504088896341f;
+inline Reduced reduce_with(float x, float shifted) {
+  constexpr float ln2_high = 0.693145751953125f, ln2_low = 1.4286068203094172e-06f;
   const float n = shifted - round_shift;
-  const float r = multiply_add(n, -ln2_low, multiply_add(n, -ln2_high, x));
-  return {r, bits(shifted)};
+  return {multiply_add(n, -ln2_low, multiply_add(n, -ln2_high, x)), bits(shifted)};
+}
+inline Reduced reduce(float x) { return reduce_with(x, multiply_add(x, log2e, round_shift)); }
+// reduce(a + a) for 0 <= a <= 10 (n <= 29), with its first step not waiting
+// for the sum (a + a and 2 log2e are exact) and one constant for ln2: r is off
+// by n (ln2 - float(ln2)), up to 6e-8, which tanh divides by e^(2a) - 1
+// (tanh's bound, 3 ulps, holds: tests/unit/test_expr.cpp)
+inline Reduced reduce_doubled(float a) {
+  const float shifted = multiply_add(a, 2 * log2e, round_shift);
+  return {multiply_add(shifted - round_shift, -0.693147182f, a + a), bits(shifted)};
 }
 
 // 2^n as a float, for n in [-126, 127], from reduce's shifted bits
 inline float power_of_two(std::uint32_t shifted_bits) { return from_bits((shifted_bits + (127u - bits(round_shift))) << 23); }
 
 // e^r - 1 for |r| <= ln2 / 2: r + r^2 p(r), p a degree-4 fit of
-// (e^r - 1 - r) / r^2 whose relative error in e^r is 3e-9
+// (e^r - 1 - r) / r^2 whose relative error in e^r is 3e-9, evaluated as
+// (c0 + c1 r) + r^2 ((c2 + c3 r) + c4 r^2)
 inline float expm1_reduced(float r) {
-  float p = 1.381461043e-03f;
-  p = multiply_add(p, r, 8.368710056e-03f);
-  p = multiply_add(p, r, 4.166838899e-02f);
-  p = multiply_add(p, r, 1.666652113e-01f);
-  p = multiply_add(p, r, 4.999999404e-01f);
-  return multiply_add(p * r, r, r);
+  const float r2 = r * r;
+  const float low = multiply_add(1.666652113e-01f, r, 4.999999404e-01f);
+  const float high = multiply_add(1.381461043e-03f, r2, multiply_add(8.368710056e-03f, r, 4.166838899e-02f));
+  return multiply_add(multiply_add(high, r2, low), r2, r);
 }
 
-// e^x for x <= 0; below x = -87.68 (n = -127), where e^x is subnormal, 0
-inline float exp_nonpositive(float x) {
-  const auto [r, shifted_bits] = reduce(at_least(x, -88.0f));
+// e^-a for 0 <= a <= 88 (NaN kept); above a = 87.68 (n = -127), where e^-a is
+// subnormal, 0
+inline float exp_of_negative(float a) {
+  const auto [r, shifted_bits] = reduce(-a);
   const float scale = power_of_two(shifted_bits);
   return multiply_add(expm1_reduced(r), scale, scale);
 }
@@ -130,8 +156,8 @@ inline float exp(float x) {
 // accuracy near 0; above |x| = 10 it rounds to 1
 inline float tanh(float x) {
   using namespace detail;
-  const float a = at_most(from_bits(bits(x) & 0x7fffffffu), 10.0f);
-  const auto [r, shifted_bits] = reduce(a + a);
+  const float a = at_most(std::fabs(x), 10.0f);  // fabs, not a bit and: a clamp of integer bits is no min
+  const auto [r, shifted_bits] = reduce_doubled(a);
   const float scale = power_of_two(shifted_bits);
   const float u = multiply_add(scale, expm1_reduced(r), scale - 1.0f);
   return from_bits(bits(u / (u + 2.0f)) | (bits(x) & 0x80000000u));
@@ -141,7 +167,7 @@ inline float tanh(float x) {
 // the result is subnormal, 0
 inline float sigmoid(float x) {
   using namespace detail;
-  const float e = exp_nonpositive(from_bits(bits(x) | 0x80000000u));
+  const float e = exp_of_negative(at_most(std::fabs(x), 88.0f));
   return select(x < 0.0f, e, 1.0f) / (1.0f + e);
 }
 
