@@ -213,20 +213,26 @@ class strided_chunks {
 // instructions per element too few loads are in flight for the hardware
 // prefetcher to hide memory latency on arrays beyond the caches (such a loop
 // ran 3-6% behind Eigen's inline math on 2^24 floats, docs/benchmarks.md,
-// "vector math"), so the loop requests its operands 2 KiB ahead. Chunks are
-// whole cache lines, a multiple of every vector width, so each element takes
-// the same code path (vector body or scalar tail) and gets the same value as
-// in one unchunked loop.
+// "vector math"), so the loop requests its operands 2 KiB ahead, a chunk at a
+// time. Every chunk has the same length, so that GCC sets the vector loop's
+// constants up once, not once per chunk (a chunk of a long chain is a few
+// iterations of a loop with dozens of constants). The length is whole cache
+// lines, a multiple of every vector width, so each element takes the same code
+// path (vector body or scalar tail) and gets the same value as in one
+// unchunked loop.
 template <class T, class O, class K>
-HYBRA_ROUND_EVERY_OP void run_kernel(const K& k, O* out, std::int64_t begin, std::int64_t end) {
+HYBRA_ROUND_EVERY_OP void run_kernel(const K& kernel, O* out, std::int64_t begin, std::int64_t end) {
+  const K k = kernel;  // a local copy: GCC keeps its pointers in registers, not reloading them through `kernel`
   if constexpr (K::costly) {
     constexpr std::int64_t line = 64 / sizeof(T), chunk = 4 * line, ahead = 2048 / sizeof(T);
-    for (std::int64_t c = begin; c < end; c += chunk) {
+    std::int64_t c = begin;
+    for (; c + chunk <= end; c += chunk) {
       for (std::int64_t i = c + ahead; i < std::min(end, c + ahead + chunk); i += line) k.prefetch(i);
-      const std::int64_t last = std::min(end, c + chunk);
 #pragma omp simd simdlen(backend::cpu::simd_lanes<T, O>)
-      for (std::int64_t i = c; i < last; ++i) out[i] = static_cast<O>(k(i));
+      for (std::int64_t i = c; i < c + chunk; ++i) out[i] = static_cast<O>(k(i));
     }
+#pragma omp simd simdlen(backend::cpu::simd_lanes<T, O>)
+    for (std::int64_t i = c; i < end; ++i) out[i] = static_cast<O>(k(i));
   } else {
 #pragma omp simd
     for (std::int64_t i = begin; i < end; ++i) out[i] = static_cast<O>(k(i));
