@@ -138,6 +138,9 @@ TEST_CASE("float32 exp, tanh and sigmoid: a few units in the last place everywhe
                             : std::ldexp(1.0, std::ilogb(want) - 23);
     return std::abs(got - want) / unit;
   };
+  // Where the op is glibc's, it is held to libmvec's stated accuracy, 4 ulps:
+  // on a Zen 5 EPYC its SSE expf is 2.73 ulps off at x = 14.903.
+  auto op_bound = [](double hybras) { return f32::used_by_ops ? hybras : 4.0; };
   struct Case {
     const char* name;
     Tensor op;
@@ -166,7 +169,7 @@ TEST_CASE("float32 exp, tanh and sigmoid: a few units in the last place everywhe
         if (error > worst) worst = error, worst_at = xs[i];
       }
       INFO((got == &op ? "the op" : "hybra's function"), ", worst at x = ", worst_at);
-      CHECK(worst <= c.bound);
+      CHECK(worst <= (got == &op ? op_bound(c.bound) : c.bound));
     }
     if (f32::used_by_ops) {  // the vectorised loop computes what the scalar function does
       bool same = true;
