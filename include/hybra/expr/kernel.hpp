@@ -61,8 +61,6 @@ struct node {
     if constexpr (Op::rule == op::DTypeRule::select)
       return Op::apply(std::get<0>(args)(i) != 0, static_cast<type>(std::get<1>(args)(i)),
                        static_cast<type>(std::get<2>(args)(i)));
-    else if constexpr (sizeof...(I) == 1)
-      return Op::apply(static_cast<type>(std::get<0>(args)(i)));
     else {
       // Operands in the order written (a braced list is evaluated left to
       // right; a call's arguments, by GCC, right to left): the loop then
