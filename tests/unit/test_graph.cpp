@@ -314,6 +314,38 @@ TEST_CASE("batch_norm decomposes into its producer's epilogue, with the op's own
   CHECK(count_op(kept, "batch_norm") == 1);
 }
 
+// Where oneDNN computes a plan's convolutions, the values only they read stay NHWC (jit/channels_last.hpp): the
+// same primitive as an eager call's, so the same bits as a plan that must keep every value NCHW.
+TEST_CASE("a CPU plan keeps NHWC between oneDNN's convolutions, with the bits of NCHW") {
+  auto channel = [](std::int64_t c, double lo) { return sym::constant(random_uniform({c}, lo, lo + 1)); };
+  auto bn = [&](const Symbol& v, std::int64_t c) {
+    return batch_norm(v, channel(c, 0.5), channel(c, -0.5), channel(c, -0.5), channel(c, 0.25), 1e-3);
+  };
+  auto weight = [](std::int64_t f, std::int64_t c, std::int64_t k) { return sym::constant(random_normal({f, c, k, k}, 0, 0.1)); };
+  // 9 x 7 pixels: a permutation of H, W or C would read the wrong elements.
+  auto x = sym::var("x", Shape{2, 64, 9, 7});
+  Symbol y = relu(bn(conv2d(x, weight(64, 64, 3), {}, 1, 1), 64));
+  Symbol c1 = relu(bn(conv2d(y, weight(64, 64, 3), {}, 1, 1), 64) + x);      // NHWC, its residual NCHW
+  Symbol block = relu(bn(conv2d(c1, weight(64, 64, 3), {}, 1, 1), 64) + y);  // NCHW (a 1x1 conv reads it), y NHWC
+  Symbol z = relu(bn(conv2d(block, weight(128, 64, 3), {}, 2, 1), 128));
+  Symbol shortcut = bn(conv2d(block, weight(128, 64, 1), {}, 2), 128);       // 64 multiply-adds a value: hybra's kernel
+  Symbol out = relu(bn(conv2d(z, weight(128, 128, 3), {}, 1, 1), 128) + shortcut);
+  const Tensor xv = random_normal({2, 64, 9, 7});
+  jit::Plan kept(graph::optimize(graph::trace({out})), cpu(), false, "kept");
+  // Every intermediate value an output too: all NCHW.
+  jit::Plan nchw(graph::optimize(graph::trace({out, y, c1, z})), cpu(), false, "nchw");
+  CHECK(nchw.nhwc_values() == 0);
+#ifdef HYBRA_ONEDNN_CALLS
+  CHECK(kept.nhwc_values() == (backend::cpu::onednn::enabled() ? 3u : 0u));  // y, c1 and z
+#else
+  CHECK(kept.nhwc_values() == 0);
+#endif
+  const Tensor got = kept({xv})[0], want = nchw({xv})[0];
+  CHECK(got.to_vector<float>() == want.to_vector<float>());
+  CHECK(max_rel_diff(got, graph::run(graph::trace({out}), {{"x", xv}})[0]) <= 1e-5);
+  CHECK(max_rel_diff(kept({xv})[0], got) == 0);  // a second call, its buffers reused
+}
+
 TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's peak shows it") {
   auto x = sym::var("x", Shape{16, 64});
   Symbol h = x;

@@ -21,6 +21,10 @@
 // run one at a time, share one scratch region at the workspace's end.
 // peak_bytes() is the workspace's size, unplanned_bytes() what the values
 // would take with a buffer each.
+//
+// Layouts: every value lies as its shape says (NCHW for images), except the
+// values a CPU plan keeps NHWC between oneDNN's convolutions
+// (channels_last.hpp); nhwc_values() counts them.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -44,6 +48,7 @@
 #include "../backend/cuda/layout.hpp"
 #include "../backend/cuda/random.hpp"
 #include "../expr/cuda_elementwise.hpp"
+#include "channels_last.hpp"
 
 namespace hybra::jit {
 
@@ -64,6 +69,7 @@ class Plan {
   const graph::Graph& graph() const { return state_->graph; }
   std::size_t peak_bytes() const { return state_->peak_bytes; }
   std::size_t unplanned_bytes() const { return state_->unplanned_bytes; }
+  std::size_t nhwc_values() const { return state_->nhwc_values; }
   // brief when a call is a few microseconds of work: it then runs on the
   // calling thread when its inputs are ready (engine.hpp, "Brief ops").
   engine::OpLength length() const { return state_->length; }
@@ -128,6 +134,7 @@ class Plan {
     std::unique_ptr<backend::cpu::FusedLoop> loop{};  // fused: the loop; product and eager: the epilogue, if any
     std::vector<int> loop_inputs{};     // the nodes the loop reads, in order (-1: this node's own result)
     std::optional<hybra::detail::nn::Conv2dGeometry> conv{};  // a conv2d product: its sizes
+    hybra::detail::nn::ConvLayouts conv_layouts{};            // and where its input and result keep their channels
     bool view = false;                // an eager step whose value is a view of an input (no work)
     // On a GPU: the loop's kernel (its name until the plan's program is
     // loaded), and a product's GEMM, whose epilogue may have taken the loop's.
@@ -162,7 +169,7 @@ class Plan {
     std::vector<Tensor> buffer;  // per node: its planned workspace slice, if any
     Tensor workspace;
     Tensor scratch;  // the end of the workspace: launch steps' scratch memory (they run one at a time)
-    std::size_t peak_bytes = 0, unplanned_bytes = 0;
+    std::size_t peak_bytes = 0, unplanned_bytes = 0, nhwc_values = 0;
     std::uint64_t draw_blocks = 0;  // the random counter blocks one call draws
     // On a GPU: per drawing launch step, the backend::cuda::DrawParams it draws from,
     // written before each call (backend::cuda::CudaLaunch::draw_blocks).
@@ -228,6 +235,7 @@ class Plan {
                 "freed by the worker, per call");
 
   void build();
+  void build_epilogues(const std::vector<Tensor>& layout);
   void build_gpu(const std::vector<Tensor>& layout);
   static std::string_view kind_name(Kind k) {
     switch (k) {
@@ -253,6 +261,7 @@ class Plan {
     debug::print("plan '", s.name, "' on ", s.device, ": ", work, " steps (", counts, "), workspace ",
                  s.peak_bytes, " bytes (", s.unplanned_bytes, " unplanned), ",
                  s.length == engine::OpLength::brief ? "brief" : "not brief",
+                 s.nhwc_values ? hybra::detail::concat(", ", s.nhwc_values, " values NHWC") : std::string(),
                  s.device.kind == DeviceKind::cuda ? (s.replayable ? ", replays a CUDA graph" : ", runs its steps") : "",
                  debug::at(debug::code) ? hybra::detail::concat("\n", graph::to_string(s.graph)) : std::string());
   }
@@ -431,17 +440,10 @@ inline void Plan::build() {
       for (int k : outside) loop_in.push_back(layout[static_cast<std::size_t>(k)]);
       step.loop = std::make_unique<backend::cpu::FusedLoop>(detail::compile(body), loop_in, *n.meta.shape);
       step.loop_inputs = std::move(outside);
-    } else if (n.body) {
-      std::vector<Tensor> loop_in{layout[i]};
-      step.loop_inputs = {-1};
-      for (std::size_t k = graph::own_inputs(n); k < n.inputs.size(); ++k) {
-        loop_in.push_back(in[k]);
-        step.loop_inputs.push_back(n.inputs[k]);
-      }
-      step.loop = std::make_unique<backend::cpu::FusedLoop>(detail::compile(*n.body), loop_in, *n.meta.shape);
     }
     s.steps.push_back(std::move(step));
   }
+  build_epilogues(layout);
 
   // Lifetimes: a planned value lives from its step to the last step that
   // reads it or a view of it. Graph outputs get fresh tensors per call.
@@ -532,6 +534,40 @@ inline void Plan::build() {
     s.values[i] = &s.constants[i];
   }
   if (s.device.kind == DeviceKind::cuda) build_gpu(layout);
+}
+
+// The epilogue loops of product, launch and eager steps, once the layouts
+// are known: a loop reads its operands, and writes the step's result, as
+// they lie.
+inline void Plan::build_epilogues(const std::vector<Tensor>& layout) {
+  auto& s = *state_;
+  const auto& g = s.graph;
+  std::vector<bool> onednn_conv(g.nodes.size(), false);
+  for (const auto& step : s.steps)
+    onednn_conv[static_cast<std::size_t>(step.node)] =
+        step.conv && s.device.kind == DeviceKind::cpu && layout[static_cast<std::size_t>(step.node)].dtype() == DType::float32 &&
+        hybra::detail::nn::conv2d_on_onednn<float>(*step.conv);
+  const std::vector<bool> nhwc = detail::channels_last_values(g, onednn_conv);
+  s.nhwc_values = static_cast<std::size_t>(std::count(nhwc.begin(), nhwc.end(), true));
+  using hybra::detail::nn::Channels;
+  for (auto& step : s.steps) {
+    const auto i = static_cast<std::size_t>(step.node);
+    const auto& n = g.nodes[i];
+    if (step.conv)
+      step.conv_layouts = {nhwc[static_cast<std::size_t>(n.inputs[0])] ? Channels::last : Channels::first,
+                           nhwc[i] ? Channels::last : Channels::first};
+    if (step.kind == Kind::fused || !n.body) continue;
+    step.loop_inputs = {-1};
+    for (std::size_t k = graph::own_inputs(n); k < n.inputs.size(); ++k) step.loop_inputs.push_back(n.inputs[k]);
+    std::vector<Tensor> loop_in;
+    for (int k : step.loop_inputs) {
+      const auto v = static_cast<std::size_t>(k < 0 ? step.node : k);
+      loop_in.push_back(nhwc[i] || nhwc[v] ? detail::loop_layout(layout[v], layout[i].shape(), nhwc[v], nhwc[i]) : layout[v]);
+    }
+    const Shape& shape = layout[i].shape();
+    step.loop = std::make_unique<backend::cpu::FusedLoop>(
+        detail::compile(*n.body), loop_in, nhwc[i] ? Shape{shape[0], shape[2], shape[3], shape[1]} : shape);
+  }
 }
 
 inline void Plan::build_gpu(const std::vector<Tensor>& layout) {
@@ -649,7 +685,8 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
               const T* bias = b ? static_cast<const T*>(b->raw_data()) : nullptr;
               if (step.conv)
                 hybra::detail::nn::conv2d(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()), bias,
-                                          static_cast<T*>(dst.raw_data()), *step.conv, weights_storage(n.inputs[1], w));
+                                          static_cast<T*>(dst.raw_data()), *step.conv, weights_storage(n.inputs[1], w),
+                                          step.conv_layouts);
               else
                 hybra::detail::nn::dense(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()), bias,
                                          static_cast<T*>(dst.raw_data()), x.shape()[0], x.shape()[1], w.shape()[0]);

@@ -174,6 +174,16 @@ void conv2d_im2col(const T* x, const T* w, const T* b, T* out, const Conv2dGeome
   check_buffers(failed, "conv2d");
 }
 
+// Whether conv2d computes this convolution of T on oneDNN, which also takes
+// NHWC operands (ConvLayouts). None does in builds without oneDNN.
+template <class T>
+bool conv2d_on_onednn([[maybe_unused]] const Conv2dGeometry& g) {
+#ifdef HYBRA_ONEDNN_CALLS
+  if constexpr (std::is_same_v<T, float>) return g.C * g.KH * g.KW > 0 && onednn_serves(ConvPass::forward, g);
+#endif
+  return false;
+}
+
 // out (N, F, OH, OW) = conv(x (N, C, H, W), w (F, C / groups, KH, KW)) + b
 // (F, or null); all contiguous. The convolution's kernel, shared by the
 // eager op and captured graphs so that both give the same bits. Work is
@@ -181,20 +191,24 @@ void conv2d_im2col(const T* x, const T* w, const T* b, T* out, const Conv2dGeome
 // the images are fewer than the threads or an image's working set would
 // not stay in L2. `weights`: w's storage where a layout derived from w may
 // be kept with it (a tensor the caller holds, not a scratch buffer that
-// other values reuse), or null.
+// other values reuse), or null. x and out may be NHWC (`layouts`) where
+// conv2d_on_onednn<T>(g).
 template <class T>
 void conv2d(const T* x, const T* w, const T* b, T* out, const Conv2dGeometry& g,
-            [[maybe_unused]] Storage* weights = nullptr) {
+            [[maybe_unused]] Storage* weights = nullptr, ConvLayouts layouts = {}) {
   const std::int64_t P = g.OH * g.OW, K = g.C / g.groups * g.KH * g.KW;
   if (g.N == 0 || g.F == 0 || P == 0) return;
+#ifdef HYBRA_ONEDNN_CALLS
+  if constexpr (std::is_same_v<T, float>)
+    if (conv2d_on_onednn<T>(g)) return onednn_conv2d(x, w, b, out, g, weights, layouts);
+#endif
+  if (layouts.input != Channels::first || layouts.output != Channels::first)
+    fail<Error>("conv2d: NHWC operands for a convolution of ", g.C, " channels into ", g.F, " filters of ", g.KH, 'x',
+                g.KW, " that oneDNN does not compute; only its kernels read them");
   if (K == 0) {
     for (std::int64_t i = 0; i < g.N * g.F; ++i) std::fill_n(out + i * P, P, b ? b[i % g.F] : T(0));
     return;
   }
-#ifdef HYBRA_ONEDNN_CALLS
-  if constexpr (std::is_same_v<T, float>)
-    if (onednn_serves(ConvPass::forward, g)) return onednn_conv2d(x, w, b, out, g, weights);
-#endif
   if (g.sh == 1 && g.sw == 1) conv2d_wide(x, w, b, out, g);
   else conv2d_im2col(x, w, b, out, g);
 }

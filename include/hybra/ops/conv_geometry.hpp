@@ -17,6 +17,15 @@ struct Conv2dGeometry {
 // What a convolution kernel computes: the output, or one of the two gradients.
 enum class ConvPass { forward, backward_data, backward_weight };
 
+// Where a forward convolution's input and output keep their channels in
+// memory: NCHW, as every tensor does, or NHWC, which a captured CPU plan
+// keeps between the convolutions oneDNN computes (jit/channels_last.hpp),
+// so that no reorder runs between them.
+enum class Channels { first, last };
+struct ConvLayouts {
+  Channels input = Channels::first, output = Channels::first;
+};
+
 // A pooling's sizes: input (N, C, H, W), window KH x KW, output (N, C, OH, OW).
 struct Pool2dGeometry {
   std::int64_t N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw;

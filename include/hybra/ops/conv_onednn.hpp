@@ -4,10 +4,18 @@
 // (onednn_serves; the tables are docs/benchmarks.md's "conv2d: hybra's
 // kernels and oneDNN's" and "oneDNN's weights kept with their storage").
 // Operands stay NCHW / OIHW in hybra's tensors: each call reorders them to
-// the blocked layouts oneDNN's kernels read, and its result back, except
-// the forward pass's weights where the caller names their storage: their
-// blocked copy is kept with it while they stay unchanged
-// (core/derived_forms.hpp), so an inference reorders each weight once.
+// the layouts oneDNN's kernels read, and its result back, except the forward
+// pass's weights where the caller names their storage: their blocked copy is
+// kept with it while they stay unchanged (core/derived_forms.hpp), so an
+// inference reorders each weight once.
+//
+// The forward pass reads and writes NHWC, its kernels' fastest layout with
+// the blocked ones (docs/benchmarks.md, "Channels last between oneDNN's
+// convolutions"): a captured plan hands it NHWC operands (ConvLayouts) and
+// keeps them so between convolutions, an eager call reorders NCHW to NHWC
+// and back. Both run the same primitive, so they give the same bits; with
+// oneDNN free to pick the layout its AVX2 kernels summed in another order
+// for NHWC operands than for blocked ones.
 //
 // The gradients do not depend on the thread count, bit for bit (the contract
 // of conv_backward.hpp; its tests hold this file to it). oneDNN's forward
@@ -105,9 +113,11 @@ struct Descs {
         pad_begin{g.ph, g.pw},
         // oneDNN wants the padding that makes the output size exact.
         pad_end{(g.OH - 1) * g.sh + g.KH - g.H - g.ph, (g.OW - 1) * g.sw + g.KW - g.W - g.pw} {}
-  dnnl::convolution_forward::primitive_desc forward(dnnl::prop_kind kind, bool bias) const {
+  // Activations in `activations` (tag::any: oneDNN's choice), weights in oneDNN's.
+  dnnl::convolution_forward::primitive_desc forward(dnnl::prop_kind kind, bool bias, tag activations) const {
     const auto b = bias ? plain({y[1]}, tag::x) : dnnl::memory::desc();
-    return {{kind, dnnl::algorithm::convolution_direct, any(x), any(w), b, any(y), stride, pad_begin, pad_end},
+    return {{kind, dnnl::algorithm::convolution_direct, plain(x, activations), any(w), b, plain(y, activations), stride,
+             pad_begin, pad_end},
             scratchpad_from_caller(), cpu::engine()};
   }
 };
@@ -168,8 +178,8 @@ inline dnnl::memory as(const dnnl::memory::desc& want, dnnl::memory data, int sl
   return copy;
 }
 
-// Runs `p` on (in0, in1[, bias]) into out, each given in its plain layout
-// (in1 may come in p's already).
+// Runs `p` on (in0, in1[, bias]) into out, each given in a plain layout,
+// reordered where p reads or writes another.
 inline void execute(const Primitive& p, int in0_arg, const dnnl::memory& in0, int in1_arg, const dnnl::memory& in1,
                     int out_arg, dnnl::memory out, const dnnl::memory* bias = nullptr) {
   dnnl::memory result = p.out == out.get_desc() ? out : scratch(2, p.out);
@@ -209,26 +219,29 @@ inline dnnl::memory weights_for(const Primitive& p, const dnnl::memory& plain, c
   return kept->blocked;
 }
 
+inline tag activations(Channels c) { return c == Channels::last ? tag::nhwc : tag::nchw; }
+
 }  // namespace onednn_conv
 
-// out (N, F, OH, OW) = conv(x, w) + b (or no bias). `weights`: the storage
-// of w, where its blocked copy may be kept with it, or null.
+// out (N, F, OH, OW) = conv(x, w) + b (or no bias), x and out laid out as
+// `layouts` says. `weights`: the storage of w, where its blocked copy may be
+// kept with it, or null.
 inline void onednn_conv2d(const float* x, const float* w, const float* b, float* out, const Conv2dGeometry& g,
-                          Storage* weights) {
+                          Storage* weights, ConvLayouts layouts) {
   namespace o = onednn_conv;
   const int threads = backend::cpu::available_threads();
   backend::cpu::onednn::ThreadCount scope(threads);
   backend::cpu::onednn::guarded("conv2d", [&] {
     const o::Descs d(g, g.N);
     const auto& p = o::primitives().get(o::key(ConvPass::forward, g, g.N, threads, b != nullptr), [&] {
-      const auto pd = d.forward(dnnl::prop_kind::forward_inference, b != nullptr);
+      const auto pd = d.forward(dnnl::prop_kind::forward_inference, b != nullptr, o::tag::nhwc);
       return o::Primitive{dnnl::convolution_forward(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc(),
                           pd.scratchpad_desc()};
     });
     const dnnl::memory bias = b ? o::wrap({g.F}, o::tag::x, b) : dnnl::memory();
-    o::execute(p, DNNL_ARG_SRC, o::wrap(d.x, o::tag::nchw, x), DNNL_ARG_WEIGHTS,
+    o::execute(p, DNNL_ARG_SRC, o::wrap(d.x, o::activations(layouts.input), x), DNNL_ARG_WEIGHTS,
                o::weights_for(p, o::wrap(d.w, o::tag::oihw, w), w, weights), DNNL_ARG_DST,
-               o::wrap(d.y, o::tag::nchw, out), b ? &bias : nullptr);
+               o::wrap(d.y, o::activations(layouts.output), out), b ? &bias : nullptr);
   });
 }
 
@@ -240,7 +253,7 @@ inline void onednn_conv2d_backward_data(const float* dy, const float* w, float* 
   backend::cpu::onednn::guarded("conv2d_backward_data", [&] {
     const o::Descs d(g, g.N);
     const auto& p = o::primitives().get(o::key(ConvPass::backward_data, g, g.N, threads, false), [&] {
-      const auto hint = d.forward(dnnl::prop_kind::forward_training, false);
+      const auto hint = d.forward(dnnl::prop_kind::forward_training, false, o::tag::any);
       const dnnl::convolution_backward_data::primitive_desc pd(
           {dnnl::algorithm::convolution_direct, o::any(d.x), o::any(d.w), o::any(d.y), d.stride, d.pad_begin,
            d.pad_end},
@@ -301,7 +314,7 @@ inline void onednn_conv2d_backward_weight(const float* dy, const float* x, float
     }
     const o::Descs d(part, part.N);
     const auto& p = o::primitives().get(o::key(ConvPass::backward_weight, part, part.N, 1, false), [&] {
-      const auto hint = d.forward(dnnl::prop_kind::forward_training, false);
+      const auto hint = d.forward(dnnl::prop_kind::forward_training, false, o::tag::any);
       const dnnl::convolution_backward_weights::primitive_desc pd(
           {dnnl::algorithm::convolution_direct, o::any(d.x), o::any(d.w), o::any(d.y), d.stride, d.pad_begin,
            d.pad_end},
