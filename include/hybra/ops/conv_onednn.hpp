@@ -54,8 +54,10 @@
 
 namespace hybra::detail::nn {
 
-// Output sizes that leave input rows or columns unread (a negative end
-// padding to oneDNN) stay hybra's.
+// Output sizes that leave input rows or columns unread: a negative end
+// padding to oneDNN, which its forward kernels take (checked against a plain
+// loop on AVX-512 and AVX2: ResNet's strided 1x1 layers on even sizes); its
+// gradient kernels are not given them, unchecked there.
 inline bool leaves_input_unread(const Conv2dGeometry& g) {
   return (g.OH - 1) * g.sh + g.KH < g.H + g.ph || (g.OW - 1) * g.sw + g.KW < g.W + g.pw;
 }
@@ -68,10 +70,16 @@ inline bool leaves_input_unread(const Conv2dGeometry& g) {
 // 3x3 layers over 128 channels). The gradients need a spatial kernel over at
 // least 64 channels, and the data gradient, whose sums run over the filters,
 // 128 filters. The rule reads the geometry alone, so that an eager op and a
-// captured graph pick the same kernel for the same convolution.
+// captured graph pick the same kernel for the same convolution. Where the two
+// disagree, the plan's speed decides: a strided 1x1 layer over 256 or 512
+// channels (ResNet-50 v1's) reads a quarter of an input that an eager call
+// reorders whole, and loses there, while a plan that keeps NHWC around it
+// gains more (docs/benchmarks.md, "Channels last between oneDNN's
+// convolutions").
 inline bool onednn_serves(ConvPass pass, const Conv2dGeometry& g) {
   if (!backend::cpu::onednn::enabled()) return false;
-  if (g.groups != 1 || g.dh != 1 || g.dw != 1 || g.N * g.OH * g.OW == 0 || leaves_input_unread(g)) return false;
+  if (g.groups != 1 || g.dh != 1 || g.dw != 1 || g.N * g.OH * g.OW == 0) return false;
+  if (pass != ConvPass::forward && leaves_input_unread(g)) return false;
   if (backend::cpu::onednn::use() == backend::cpu::onednn::Use::always) return true;
   const std::int64_t multiply_adds = g.C * g.KH * g.KW;
   if (pass == ConvPass::forward && g.F >= 32 && multiply_adds >= 1024) return true;
