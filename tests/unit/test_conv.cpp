@@ -147,6 +147,7 @@ TEST_CASE("conv2d matches the reference loop: stride, padding, dilation, groups,
       {{2, 64, 47, 45}, {64, 64, 3, 3}, 2, 1},   // stride 2, the last window reaching into the padding
       {{2, 64, 48, 48}, {64, 64, 3, 3}, 2, 0},   // stride 2, the last input row unread
       {{2, 256, 8, 6}, {64, 256, 1, 1}, 2, 0},   // ResNet-50 v1's strided 1x1: the last row and column unread
+      {{2, 64, 7, 8}, {64, 64, 1, 1}, 2, 0, 1, 1, false},  // ResNet-18's, no bias: the last column unread
       {{2, 128, 9, 9}, {32, 128, 3, 3}, 1, 1},  // DenseNet's 3x3 layer: 32 filters over 128 channels
       {{4, 64, 16, 16}, {128, 64, 3, 3}, 1, 1, 1, 1, true, DType::float64},
   };

@@ -326,9 +326,9 @@ TEST_CASE("a CPU plan keeps NHWC between oneDNN's convolutions, with the bits of
   auto x = sym::var("x", Shape{2, 64, 9, 7});
   Symbol y = relu(bn(conv2d(x, weight(64, 64, 3), {}, 1, 1), 64));
   Symbol c1 = relu(bn(conv2d(y, weight(64, 64, 3), {}, 1, 1), 64) + x);      // NHWC, its residual NCHW
-  Symbol block = relu(bn(conv2d(c1, weight(64, 64, 3), {}, 1, 1), 64) + y);  // NCHW (a 1x1 conv reads it), y NHWC
+  Symbol block = relu(bn(conv2d(c1, weight(64, 64, 3), {}, 1, 1), 64) + y);  // NCHW (hybra's kernel reads it), y NHWC
   Symbol z = relu(bn(conv2d(block, weight(128, 64, 3), {}, 2, 1), 128));
-  Symbol shortcut = bn(conv2d(block, weight(128, 64, 1), {}, 2), 128);       // 64 multiply-adds a value: hybra's kernel
+  Symbol shortcut = bn(conv2d(block, weight(128, 32, 1), {}, 2, 0, 1, 2), 128);  // two groups: hybra's kernel
   Symbol out = relu(bn(conv2d(z, weight(128, 128, 3), {}, 1, 1), 128) + shortcut);
   const Tensor xv = random_normal({2, 64, 9, 7});
   jit::Plan kept(graph::optimize(graph::trace({out})), cpu(), false, "kept");

@@ -71,11 +71,11 @@ inline bool leaves_input_unread(const Conv2dGeometry& g) {
 // least 64 channels, and the data gradient, whose sums run over the filters,
 // 128 filters. The rule reads the geometry alone, so that an eager op and a
 // captured graph pick the same kernel for the same convolution. Where the two
-// disagree, the plan's speed decides: a strided 1x1 layer over 256 or 512
-// channels (ResNet-50 v1's) reads a quarter of an input that an eager call
-// reorders whole, and loses there, while a plan that keeps NHWC around it
-// gains more (docs/benchmarks.md, "Channels last between oneDNN's
-// convolutions").
+// disagree, the plan's speed decides: a strided 1x1 layer (ResNet's
+// downsampling) reads a quarter of an input that an eager call reorders
+// whole, and loses there from 64 to 512 channels, while a plan that keeps
+// NHWC around it gains more (docs/benchmarks.md, "Channels last between
+// oneDNN's convolutions"): from 64 channels into 64 filters it is oneDNN's.
 inline bool onednn_serves(ConvPass pass, const Conv2dGeometry& g) {
   if (!backend::cpu::onednn::enabled()) return false;
   if (g.groups != 1 || g.dh != 1 || g.dw != 1 || g.N * g.OH * g.OW == 0) return false;
@@ -83,6 +83,8 @@ inline bool onednn_serves(ConvPass pass, const Conv2dGeometry& g) {
   if (backend::cpu::onednn::use() == backend::cpu::onednn::Use::always) return true;
   const std::int64_t multiply_adds = g.C * g.KH * g.KW;
   if (pass == ConvPass::forward && g.F >= 32 && multiply_adds >= 1024) return true;
+  const bool strided_1x1 = g.KH * g.KW == 1 && (g.sh > 1 || g.sw > 1);
+  if (pass == ConvPass::forward && strided_1x1 && g.C >= 64 && g.F >= 64) return true;
   if (g.F < 64) return false;
   switch (pass) {
     case ConvPass::forward: return multiply_adds >= 128;
