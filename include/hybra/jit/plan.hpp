@@ -273,10 +273,12 @@ class Plan {
 namespace detail {
 
 // Whether a product node runs its kernel directly into its planned buffer:
-// fully_connected on 2-d operands (the dense kernel) or conv2d, with
-// contiguous float operands of one dtype (anything else runs the eager op).
+// fully_connected (the dense kernel, on its input flattened to
+// (batch, in_units), as the op does: a contiguous input of 2 or more
+// dimensions is its flattened form already) or conv2d, with contiguous float
+// operands of one dtype (anything else runs the eager op).
 inline bool product_kernel(const graph::Node& n, std::span<const Tensor> in) {
-  if (!(n.op == "fully_connected" && in[0].ndim() == 2) && n.op != "conv2d") return false;
+  if (!(n.op == "fully_connected" && in[0].ndim() >= 2) && n.op != "conv2d") return false;
   for (std::size_t k = 0; k < graph::own_inputs(n); ++k)
     if (!in[k].is_contiguous() || in[k].dtype() != in[0].dtype()) return false;
   return is_floating(in[0].dtype());
@@ -603,7 +605,7 @@ inline void Plan::build_gpu(const std::vector<Tensor>& layout) {
       const bool bias = graph::own_inputs(n) == 3, relu = step.loop && detail::relu_of_product(step.loop->program());
       using backend::cuda::Epilogue;
       const Epilogue epilogue = relu ? (bias ? Epilogue::relu_bias : Epilogue::relu) : bias ? Epilogue::bias : Epilogue::none;
-      step.matmul = &backend::cuda::dense_matmul(gpu, x.dtype(), x.shape()[0], w.shape()[0], x.shape()[1], epilogue);
+      step.matmul = &backend::cuda::dense_matmul(gpu, x.dtype(), x.shape()[0], w.shape()[0], w.shape()[1], epilogue);
       if (relu) step.loop.reset();
     }
     if (step.loop) add_kernel(step, layout[i]);
@@ -689,7 +691,8 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
                                           step.conv_layouts);
               else
                 hybra::detail::nn::dense(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()), bias,
-                                         static_cast<T*>(dst.raw_data()), x.shape()[0], x.shape()[1], w.shape()[0]);
+                                         static_cast<T*>(dst.raw_data()), x.shape()[0], w.shape()[1], w.shape()[0],
+                                         weights_storage(n.inputs[1], w));
             }
           });
         }

@@ -24,12 +24,9 @@
 // count, so here it is cut into parts fixed by the shapes (images or
 // filters: WeightGradientParts), each part computed on one thread.
 //
-// The cached primitives take their scratchpad from the caller, who gives
-// each call the running thread's. oneDNN's own scratchpad is shared by the
-// primitives one thread made, so a cached primitive run on another thread
-// (another device's worker, a loop's team) would write it while its maker
-// runs a second one: wrong results, without an error. The reorders made for
-// one call run on the thread that made them and keep oneDNN's.
+// The cached primitives take their scratchpad from the caller
+// (backend/cpu/onednn.hpp says why); the reorders made for one call run on
+// the thread that made them and keep oneDNN's.
 //
 // oneDNN skips the padding rather than multiplying its zeros, so where an
 // inf meets only padding, its gradient stays inf where hybra's im2col gives
@@ -38,14 +35,8 @@
 #ifdef HYBRA_ONEDNN_CALLS
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <exception>
-#include <memory>
-#include <mutex>
-#include <new>
 #include <unordered_map>
 #include <vector>
 
@@ -105,12 +96,6 @@ inline dnnl::memory::desc plain(const dnnl::memory::dims& d, tag t) {
 }
 inline dnnl::memory::desc any(const dnnl::memory::dims& d) { return plain(d, tag::any); }
 
-inline dnnl::primitive_attr scratchpad_from_caller() {
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  return attr;
-}
-
 // The convolution's descriptors for `images` images of g.
 struct Descs {
   dnnl::memory::dims x, w, y;
@@ -128,7 +113,7 @@ struct Descs {
     const auto b = bias ? plain({y[1]}, tag::x) : dnnl::memory::desc();
     return {{kind, dnnl::algorithm::convolution_direct, plain(x, activations), any(w), b, plain(y, activations), stride,
              pad_begin, pad_end},
-            scratchpad_from_caller(), cpu::engine()};
+            cpu::scratchpad_from_caller(), cpu::engine()};
   }
 };
 
@@ -150,53 +135,15 @@ inline cpu::Cache<Key, Primitive>& primitives() {
   return cache;
 }
 
-// A copy of `data` in `want`'s layout, in memory of its own.
-inline dnnl::memory reordered(const dnnl::memory::desc& want, dnnl::memory data) {
-  dnnl::memory copy(want, cpu::engine());
-  dnnl::reorder(data, copy).execute(cpu::stream(), data, copy);
-  return copy;
-}
-
-// The calling thread's buffer for one call's operand `slot` (0, 1: inputs,
-// 2: the result) in a blocked layout, or for its scratchpad (slot 3), kept
-// from call to call: a buffer allocated per call costs its page faults on
-// every call (a ResNet layer's activations are megabytes). It is as large as
-// the largest such operand the thread has needed.
-inline dnnl::memory scratch(int slot, const dnnl::memory::desc& layout) {
-  struct Buffer {
-    std::unique_ptr<void, decltype(&std::free)> bytes{nullptr, &std::free};
-    std::size_t size = 0;
-  };
-  thread_local std::array<Buffer, 4> buffers;
-  Buffer& b = buffers[static_cast<std::size_t>(slot)];
-  if (const std::size_t need = layout.get_size(); need > b.size) {
-    b.bytes.reset();
-    b.size = 0;
-    b.bytes.reset(std::aligned_alloc(64, (need + 63) / 64 * 64));
-    if (!b.bytes) throw std::bad_alloc();
-    b.size = need;
-  }
-  return {layout, cpu::engine(), b.bytes.get()};
-}
-
-// `data` as a memory of `want`'s layout: itself, or a reordered copy in the
-// thread's buffer `slot`.
-inline dnnl::memory as(const dnnl::memory::desc& want, dnnl::memory data, int slot) {
-  if (want == data.get_desc()) return data;
-  dnnl::memory copy = scratch(slot, want);
-  dnnl::reorder(data, copy).execute(cpu::stream(), data, copy);
-  return copy;
-}
-
 // Runs `p` on (in0, in1[, bias]) into out, each given in a plain layout,
 // reordered where p reads or writes another.
 inline void execute(const Primitive& p, int in0_arg, const dnnl::memory& in0, int in1_arg, const dnnl::memory& in1,
                     int out_arg, dnnl::memory out, const dnnl::memory* bias = nullptr) {
-  dnnl::memory result = p.out == out.get_desc() ? out : scratch(2, p.out);
+  dnnl::memory result = p.out == out.get_desc() ? out : cpu::thread_buffer(2, p.out);
   std::unordered_map<int, dnnl::memory> args{
-      {in0_arg, as(p.in0, in0, 0)}, {in1_arg, as(p.in1, in1, 1)}, {out_arg, result}};
+      {in0_arg, cpu::in_layout(p.in0, in0, 0)}, {in1_arg, cpu::in_layout(p.in1, in1, 1)}, {out_arg, result}};
   if (bias) args.emplace(DNNL_ARG_BIAS, *bias);
-  if (p.scratchpad.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, scratch(3, p.scratchpad));
+  if (p.scratchpad.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, cpu::thread_buffer(3, p.scratchpad));
   p.run.execute(cpu::stream(), args);
   if (result != out) dnnl::reorder(result, out).execute(cpu::stream(), result, out);
   cpu::stream().wait();
@@ -204,29 +151,6 @@ inline void execute(const Primitive& p, int in0_arg, const dnnl::memory& in0, in
 
 inline dnnl::memory wrap(const dnnl::memory::dims& d, tag t, const float* data) {
   return {plain(d, t), cpu::engine(), const_cast<float*>(data)};
-}
-
-// A convolution's weights in the blocked layout `desc`, derived from the
-// plain weights at `offset` bytes into their storage.
-struct BlockedWeights {
-  std::ptrdiff_t offset;
-  dnnl::memory::desc desc;
-  dnnl::memory blocked;
-};
-
-// `plain` (at w, in `storage`) as p's weights: itself, the blocked copy kept
-// with the storage, or a reordered copy where there is no storage to keep it.
-inline dnnl::memory weights_for(const Primitive& p, const dnnl::memory& plain, const float* w, Storage* storage) {
-  if (!storage || p.in1 == plain.get_desc()) return plain;
-  const std::ptrdiff_t offset = reinterpret_cast<const char*>(w) - static_cast<const char*>(storage->data());
-  const auto kept = storage->derived<BlockedWeights>(
-      [&](const BlockedWeights& f) { return f.offset == offset && f.desc == p.in1; },
-      [&] {
-        auto made = std::make_shared<BlockedWeights>(BlockedWeights{offset, p.in1, reordered(p.in1, plain)});
-        cpu::stream().wait();
-        return made;
-      });
-  return kept->blocked;
 }
 
 inline tag activations(Channels c) { return c == Channels::last ? tag::nhwc : tag::nchw; }
@@ -250,7 +174,7 @@ inline void onednn_conv2d(const float* x, const float* w, const float* b, float*
     });
     const dnnl::memory bias = b ? o::wrap({g.F}, o::tag::x, b) : dnnl::memory();
     o::execute(p, DNNL_ARG_SRC, o::wrap(d.x, o::activations(layouts.input), x), DNNL_ARG_WEIGHTS,
-               o::weights_for(p, o::wrap(d.w, o::tag::oihw, w), w, weights), DNNL_ARG_DST,
+               o::cpu::kept_weights(p.in1, o::wrap(d.w, o::tag::oihw, w), w, weights), DNNL_ARG_DST,
                o::wrap(d.y, o::activations(layouts.output), out), b ? &bias : nullptr);
   });
 }
@@ -267,7 +191,7 @@ inline void onednn_conv2d_backward_data(const float* dy, const float* w, float* 
       const dnnl::convolution_backward_data::primitive_desc pd(
           {dnnl::algorithm::convolution_direct, o::any(d.x), o::any(d.w), o::any(d.y), d.stride, d.pad_begin,
            d.pad_end},
-          o::scratchpad_from_caller(), o::cpu::engine(), hint);
+          o::cpu::scratchpad_from_caller(), o::cpu::engine(), hint);
       return o::Primitive{dnnl::convolution_backward_data(pd), pd.diff_dst_desc(), pd.weights_desc(),
                           pd.diff_src_desc(), pd.scratchpad_desc()};
     });
@@ -311,8 +235,7 @@ inline void onednn_conv2d_backward_weight(const float* dy, const float* x, float
     backend::cpu::onednn::guarded("conv2d_backward_weight", [&] {
       partial.resize(static_cast<std::size_t>((cut.parts - 1) * weights));
     });
-  auto part_gradient = [&](std::int64_t s) {
-    backend::cpu::onednn::ThreadCount scope(1);
+  backend::cpu::onednn::for_each_part("conv2d_backward_weight", cut.parts, weights * g.OH * g.OW * g.N / cut.parts, [&](std::int64_t s) {
     Conv2dGeometry part = g;
     std::int64_t n0 = 0, f0 = 0;
     if (cut.by_filters) {
@@ -328,7 +251,7 @@ inline void onednn_conv2d_backward_weight(const float* dy, const float* x, float
       const dnnl::convolution_backward_weights::primitive_desc pd(
           {dnnl::algorithm::convolution_direct, o::any(d.x), o::any(d.w), o::any(d.y), d.stride, d.pad_begin,
            d.pad_end},
-          o::scratchpad_from_caller(), o::cpu::engine(), hint);
+          o::cpu::scratchpad_from_caller(), o::cpu::engine(), hint);
       return o::Primitive{dnnl::convolution_backward_weights(pd), pd.diff_dst_desc(), pd.src_desc(),
                           pd.diff_weights_desc(), pd.scratchpad_desc()};
     });
@@ -339,22 +262,7 @@ inline void onednn_conv2d_backward_weight(const float* dy, const float* x, float
     float* out = cut.by_filters ? dw + f0 * g.C * g.KH * g.KW : s == 0 ? dw : partial.data() + (s - 1) * weights;
     o::execute(p, DNNL_ARG_DIFF_DST, dy_memory, DNNL_ARG_SRC, o::wrap(d.x, o::tag::nchw, x + n0 * g.C * g.H * g.W),
                DNNL_ARG_DIFF_WEIGHTS, o::wrap(d.w, o::tag::oihw, out));
-  };
-  // A part's oneDNN error, kept to be rethrown on the calling thread.
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  backend::cpu::parallel_for(cut.parts, weights * g.OH * g.OW * g.N / cut.parts, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t s = first; s < last && !failed.load(std::memory_order_relaxed); ++s) {
-      try {
-        backend::cpu::onednn::guarded("conv2d_backward_weight", [&] { part_gradient(s); });
-      } catch (...) {
-        std::lock_guard lock(error_mutex);
-        if (!failed.exchange(true)) error = std::current_exception();
-      }
-    }
   });
-  if (error) std::rethrow_exception(error);
   if (cut.by_filters) return;
   backend::cpu::parallel_for(weights, cut.parts, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t s = 1; s < cut.parts; ++s) {

@@ -17,6 +17,7 @@
 #include "../backend/cuda/cublaslt.hpp"
 #include "../core/creation.hpp"
 #include "../backend/cuda/random.hpp"
+#include "dense_onednn.hpp"
 #include "layout.hpp"
 #include "linalg.hpp"
 #include "reduce.hpp"
@@ -38,14 +39,23 @@ namespace detail::nn {
 
 // out (M x N) = x (M x K) w^T + b, all contiguous, w being (N x K) and b
 // (N) or null: the dense layer's kernel, shared by the eager op and captured
-// graphs so that both give the same bits. Up to gemv_max_rows rows are
-// hybra's own GEMV, one pass over w for all of them (backend/cpu/gemv.hpp
-// says why); the bias is added right after the product, while the rows are
-// in cache.
+// graphs so that both give the same bits. float32 products of the shapes
+// where it measured faster run on oneDNN (dense_onednn.hpp), which keeps its
+// blocked copy of w with `weights`, w's storage (a tensor the caller holds,
+// not a scratch buffer that other values reuse), where given. Otherwise up
+// to gemv_max_rows rows are hybra's own GEMV, one pass over w for all of
+// them (backend/cpu/gemv.hpp says why), each row's outputs those it has
+// alone; the bias is added right after the product, while the rows are in
+// cache.
 template <class T>
-void dense(const T* x, const T* w, const T* b, T* out, std::int64_t M, std::int64_t K, std::int64_t N) {
+void dense(const T* x, const T* w, const T* b, T* out, std::int64_t M, std::int64_t K, std::int64_t N,
+           [[maybe_unused]] Storage* weights = nullptr) {
   namespace blas = backend::cpu::blas;
   if (M == 0 || N == 0) return;
+#ifdef HYBRA_ONEDNN_CALLS
+  if constexpr (std::is_same_v<T, float>)
+    if (onednn_serves_dense(M, K, N)) return onednn_dense(x, w, b, out, M, K, N, weights);
+#endif
   if (K == 0) std::fill_n(out, M * N, T(0));
   else if (M <= backend::cpu::gemv_max_rows) backend::cpu::gemv(w, K, x, out, N, K, M);
   else blas::gemm(false, true, M, N, K, T(1), x, K, w, K, T(0), out, N);
@@ -112,7 +122,7 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
       if constexpr (std::is_floating_point_v<T>)
         detail::nn::dense(static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()),
                           b.defined() ? static_cast<const T*>(b.raw_data()) : nullptr, static_cast<T*>(out.raw_data()),
-                          x.shape()[0], x.shape()[1], w.shape()[0]);
+                          x.shape()[0], x.shape()[1], w.shape()[0], w.storage().get());
     });
   });
   return rec.output(out);

@@ -5,7 +5,8 @@
 // faster than hybra's own kernels. Every caller keeps its own kernel for the
 // other shapes and for builds without oneDNN. This file is the plumbing its
 // callers share: one engine, a stream per thread, the thread count, a cache
-// of primitives, and its errors as hybra's.
+// of primitives, buffers per thread, weights kept in oneDNN's layout with
+// their storage, and its errors as hybra's.
 //
 // Threads: oneDNN's OpenMP runtime sizes a primitive's work split for the
 // calling thread's OpenMP thread count when it creates the primitive, and
@@ -27,7 +28,12 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +42,7 @@
 #include <utility>
 
 #include "../../core/error.hpp"
+#include "../../core/storage.hpp"
 #include "threads.hpp"
 
 namespace hybra::backend::cpu::onednn {
@@ -105,6 +112,81 @@ class Cache {
   std::map<Key, std::unique_ptr<Value>> entries_;
 };
 
+// Primitives made with this attribute take their scratchpad from the caller.
+// oneDNN's own scratchpad is shared by the primitives one thread made, so a
+// cached primitive run on another thread (another device's worker, a loop's
+// team) would write it while its maker runs a second one: wrong results,
+// without an error. Callers give each call the running thread's buffer.
+inline dnnl::primitive_attr scratchpad_from_caller() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// The calling thread's buffer `slot` (0 to 3, each caller's to assign) as
+// memory of `layout`, kept from call to call: a buffer allocated per call
+// costs its page faults on every call (a ResNet layer's activations are
+// megabytes). It is as large as the largest layout the thread has needed
+// in that slot.
+inline dnnl::memory thread_buffer(int slot, const dnnl::memory::desc& layout) {
+  struct Buffer {
+    std::unique_ptr<void, decltype(&std::free)> bytes{nullptr, &std::free};
+    std::size_t size = 0;
+  };
+  thread_local std::array<Buffer, 4> buffers;
+  Buffer& b = buffers.at(static_cast<std::size_t>(slot));
+  if (const std::size_t need = layout.get_size(); need > b.size) {
+    b.bytes.reset();
+    b.size = 0;
+    b.bytes.reset(std::aligned_alloc(64, (need + 63) / 64 * 64));
+    if (!b.bytes) throw std::bad_alloc();
+    b.size = need;
+  }
+  return {layout, engine(), b.bytes.get()};
+}
+
+// A copy of `data` in `want`'s layout, in memory of its own.
+inline dnnl::memory reordered(const dnnl::memory::desc& want, dnnl::memory data) {
+  dnnl::memory copy(want, engine());
+  dnnl::reorder(data, copy).execute(stream(), data, copy);
+  return copy;
+}
+
+// Weights in the layout `desc` that a primitive reads, derived from plain
+// weights at `offset` bytes into their storage.
+struct KeptWeights {
+  std::ptrdiff_t offset;
+  dnnl::memory::desc desc;
+  dnnl::memory blocked;
+};
+
+// `data` as a memory of `want`'s layout: itself, or a reordered copy in the
+// thread's buffer `slot`.
+inline dnnl::memory in_layout(const dnnl::memory::desc& want, dnnl::memory data, int slot) {
+  if (want == data.get_desc()) return data;
+  dnnl::memory copy = thread_buffer(slot, want);
+  dnnl::reorder(data, copy).execute(stream(), data, copy);
+  return copy;
+}
+
+// `plain` (whose data is w, in `storage`) in the layout `want`: the copy
+// kept with the storage while its bytes stay unchanged
+// (core/derived_forms.hpp), or, where there is no storage to keep it with,
+// `plain` itself, for the caller to reorder per call (in_layout).
+inline dnnl::memory kept_weights(const dnnl::memory::desc& want, const dnnl::memory& plain, const void* w,
+                                 Storage* storage) {
+  if (!storage || want == plain.get_desc()) return plain;
+  const std::ptrdiff_t offset = static_cast<const char*>(w) - static_cast<const char*>(storage->data());
+  const auto kept = storage->derived<KeptWeights>(
+      [&](const KeptWeights& f) { return f.offset == offset && f.desc == want; },
+      [&] {
+        auto made = std::make_shared<KeptWeights>(KeptWeights{offset, want, reordered(want, plain)});
+        stream().wait();
+        return made;
+      });
+  return kept->blocked;
+}
+
 // Runs `call`, rethrowing oneDNN's errors (and a failed allocation) as
 // hybra's, named by op.
 template <class Call>
@@ -117,6 +199,30 @@ decltype(auto) guarded(std::string_view op, Call&& call) {
     if (e.status == dnnl_out_of_memory) fail<OutOfMemory>(op, ": out of memory in oneDNN");
     fail<Error>(op, ": oneDNN failed: ", e.what());
   }
+}
+
+// Runs part(s) for s in [0, parts) over the op's threads, each part on one
+// thread and one oneDNN thread: a work split fixed by the caller's cut, not
+// by the thread count, so that results do not depend on it. `cost` is one
+// part's work (parallel_for's). A part's error is rethrown on the calling
+// thread, the first one only; the parts after it are skipped.
+template <class Part>
+void for_each_part(std::string_view op, std::int64_t parts, std::int64_t cost, Part&& part) {
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  parallel_for(parts, cost, [&](std::int64_t first, std::int64_t last) {
+    ThreadCount one(1);
+    for (std::int64_t s = first; s < last && !failed.load(std::memory_order_relaxed); ++s) {
+      try {
+        guarded(op, [&] { part(s); });
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!failed.exchange(true)) error = std::current_exception();
+      }
+    }
+  });
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace hybra::backend::cpu::onednn
