@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <hybra/hybra.hpp>
 #include <limits>
 #include <string>
@@ -296,6 +297,63 @@ TEST_CASE("pooling matches the reference loop: max, average with and without the
   CHECK(std::isnan(max_pool2d(x, 2, 2).item<float>()));
   CHECK(std::isnan(global_max_pool2d(x).item<float>()));
   CHECK(max_pool2d(array<float>({1, 2, 3, 4}, {1, 1, 2, 2}), 2, 2).item<float>() == 4);
+}
+
+// A captured plan keeps NHWC through poolings between oneDNN's convolutions (jit/channels_last.hpp), so the
+// NHWC kernel must give pool2d's bits: every window, padding, stride, convention, divisor; signed zeros,
+// infinities and a NaN among the values.
+TEST_CASE("pooling on NHWC operands gives the bits of pooling on NCHW") {
+  struct PoolCase {
+    Shape x;
+    Size2d kernel, stride, padding;
+    PoolingConvention convention = PoolingConvention::valid;
+  };
+  const PoolCase cases[] = {
+      {{2, 16, 8, 8}, 2, 2, 0},  {{2, 5, 7, 9}, 3, 2, 1},  {{1, 3, 11, 6}, {3, 2}, {1, 2}, {1, 0}},
+      {{2, 2, 5, 5}, 5, 1, 2},   {{1, 7, 9, 7}, {2, 4}, 3, {1, 2}},
+      {{2, 6, 10, 7}, 3, 2, 1, PoolingConvention::full}, {{1, 9, 6, 6}, 2, 2, 0, PoolingConvention::full},
+  };
+  for (const DType dtype : {DType::float32, DType::float64})
+    for (const auto& c : cases) {
+      CAPTURE(name(dtype));
+      CAPTURE(to_string(c.x));
+      CAPTURE(c.kernel.h);
+      CAPTURE(c.padding.h);
+      std::vector<double> values = random_normal(c.x, 0, 1, DType::float64).to_vector<double>();
+      values[1] = -0.0;
+      values[4] = std::numeric_limits<double>::infinity();
+      values[7] = -std::numeric_limits<double>::infinity();
+      values[values.size() / 2] = std::nan("");
+      const Tensor nchw = array<double>(values, c.x).astype(dtype);
+      const Tensor nhwc = transpose(nchw, {0, 2, 3, 1}).contiguous();
+      const auto g = detail::nn::pool2d_geometry("pool2d", c.x, c.kernel, c.stride, c.padding, c.convention);
+      for (const bool max : {true, false})
+        for (const bool include : {true, false}) {
+          CAPTURE(max);
+          CAPTURE(include);
+          Tensor want({g.N, g.C, g.OH, g.OW}, dtype), got({g.N, g.OH, g.OW, g.C}, dtype);
+          dispatch(dtype, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            if constexpr (std::is_floating_point_v<T>) {
+              const T* x = nchw.data<T>();
+              const T* xt = nhwc.data<T>();
+              T* w = want.data<T>();
+              T* o = got.data<T>();
+              if (max) {
+                detail::nn::pool2d<T, true>(x, w, g, include);
+                detail::nn::pool2d_nhwc<T, true>(xt, o, g, include);
+              } else {
+                detail::nn::pool2d<T, false>(x, w, g, include);
+                detail::nn::pool2d_nhwc<T, false>(xt, o, g, include);
+              }
+            }
+          });
+          // Widened to double, which keeps each value's bits apart (signed zeros, the NaN's payload).
+          const auto back = transpose(got, {0, 3, 1, 2}).to_vector<double>(), ref = want.to_vector<double>();
+          REQUIRE(back.size() == ref.size());
+          CHECK(std::memcmp(back.data(), ref.data(), back.size() * sizeof(double)) == 0);
+        }
+    }
 }
 
 TEST_CASE("pooling_convention full: ceil's extra windows, which an average divides by their part in the padded input") {

@@ -346,6 +346,35 @@ TEST_CASE("a CPU plan keeps NHWC between oneDNN's convolutions, with the bits of
   CHECK(max_rel_diff(kept({xv})[0], got) == 0);  // a second call, its buffers reused
 }
 
+TEST_CASE("a CPU plan keeps NHWC through the poolings between oneDNN's convolutions, with the bits of NCHW") {
+  auto weight = [](std::int64_t f, std::int64_t c, std::int64_t k) { return sym::constant(random_normal({f, c, k, k}, 0, 0.1)); };
+  // 13 x 11 pixels: a permutation of H, W or C would read the wrong elements.
+  auto x = sym::var("x", Shape{2, 64, 13, 11});
+  Symbol a = relu(conv2d(x, weight(64, 64, 3), {}, 1, 1));
+  Symbol p = max_pool2d(a, 3, 2, 1);                                                 // NHWC, as ResNet's first
+  Symbol b = relu(conv2d(p, weight(64, 64, 3), {}, 1, 1) + p);                       // its residual NHWC
+  Symbol q = avg_pool2d(b, 3, 2, 1, false, PoolingConvention::full);                 // NHWC
+  Symbol c = conv2d(q, weight(64, 64, 3), {}, 1, 1);                                  // NCHW, as r
+  Symbol r = max_pool2d(c, 2, 2);                                                     // a global pooling reads it
+  Symbol d = relu(conv2d(max_pool2d(a, 2, 1), weight(64, 64, 3), {}, 1, 1));           // a second pooling of a
+  Symbol out = global_avg_pool2d(r) + global_avg_pool2d(d);
+  const Tensor xv = random_normal({2, 64, 13, 11});
+  jit::Plan kept(graph::optimize(graph::trace({out})), cpu(), false, "kept");
+  // Every intermediate value an output too: all NCHW.
+  jit::Plan nchw(graph::optimize(graph::trace({out, a, p, b, q, c, d})), cpu(), false, "nchw");
+  CHECK(nchw.nhwc_values() == 0);
+#ifdef HYBRA_ONEDNN_CALLS
+  // a, p, b, q and the second pooling of a; the global poolings read NCHW.
+  CHECK(kept.nhwc_values() == (backend::cpu::onednn::enabled() ? 5u : 0u));
+#else
+  CHECK(kept.nhwc_values() == 0);
+#endif
+  const Tensor got = kept({xv})[0], want = nchw({xv})[0];
+  CHECK(got.to_vector<float>() == want.to_vector<float>());
+  CHECK(max_rel_diff(got, graph::run(graph::trace({out}), {{"x", xv}})[0]) <= 1e-5);
+  CHECK(max_rel_diff(kept({xv})[0], got) == 0);  // a second call, its buffers reused
+}
+
 TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's peak shows it") {
   auto x = sym::var("x", Shape{16, 64});
   Symbol h = x;

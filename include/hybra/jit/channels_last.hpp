@@ -6,8 +6,9 @@
 // convolution writes and only such convolutions read needs neither: the plan
 // keeps it NHWC, and runs the epilogue of the convolution that writes it
 // (BatchNorm's multiply and add, the residual add, ReLU) over it as an
-// (N, H, W, C) loop. The bits are the eager op's: the same primitive, the
-// same epilogue arithmetic per element.
+// (N, H, W, C) loop. Poolings between them (VGG's, ResNet's first) keep it
+// too: hybra's pooling kernel has an NHWC form (ops/pool.hpp). The bits are
+// the eager ops': the same primitive, the same arithmetic per element.
 #include <cstddef>
 #include <vector>
 
@@ -17,21 +18,39 @@
 
 namespace hybra::jit::detail {
 
-// onednn_conv[i]: node i is a conv2d step whose kernel is oneDNN's. Value i
-// stays NHWC when its node is such a step, it is not an output of the graph,
-// and every node that reads it is such a step, reading it as the
-// convolution's input or in its epilogue (not as weights or bias). An
-// epilogue reads its operands through their layouts, so one in the other
-// layout than the step's result (a residual from a pooling, say) is read
-// through a permutation, correctly.
-inline std::vector<bool> channels_last_values(const graph::Graph& g, const std::vector<bool>& onednn_conv) {
-  std::vector<bool> nhwc = onednn_conv;
+// onednn_conv[i]: node i is a conv2d step whose kernel is oneDNN's; pool[i]:
+// a pool step (hybra's pooling kernel, which reads and writes either layout,
+// its result lying as its input). Value i stays NHWC when its node is such a
+// step, it is not an output of the graph, every node that reads it reads
+// NHWC there (a oneDNN convolution as its input or in its epilogue, not as
+// weights or bias; a pooling), and where a pooling reads it or writes it, the
+// pooling's other value stays NHWC too. An epilogue reads its operands
+// through their layouts, so one in the other layout than the step's result
+// (a residual from an NCHW value, say) is read through a permutation,
+// correctly.
+inline std::vector<bool> channels_last_values(const graph::Graph& g, const std::vector<bool>& onednn_conv,
+                                              const std::vector<bool>& pool) {
+  const std::size_t count = g.nodes.size();
+  std::vector<bool> nhwc(count);
+  for (std::size_t i = 0; i < count; ++i) nhwc[i] = onednn_conv[i] || pool[i];
   for (int o : g.outputs) nhwc[static_cast<std::size_t>(o)] = false;
-  for (std::size_t j = 0; j < g.nodes.size(); ++j) {
+  for (std::size_t j = 0; j < count; ++j) {
     const auto& n = g.nodes[j];
     for (std::size_t p = 0; p < n.inputs.size(); ++p) {
-      const bool read_as_activation = onednn_conv[j] && (p == 0 || p >= graph::own_inputs(n));
-      if (!read_as_activation) nhwc[static_cast<std::size_t>(n.inputs[p])] = false;
+      const bool reads_nhwc = (onednn_conv[j] && (p == 0 || p >= graph::own_inputs(n))) || (pool[j] && p == 0);
+      if (!reads_nhwc) nhwc[static_cast<std::size_t>(n.inputs[p])] = false;
+    }
+  }
+  // Only a pooling ties two values' layouts: settle the pairs (a value made
+  // NCHW makes no other pair's value change but through them).
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::size_t j = 0; j < count; ++j) {
+      if (!pool[j]) continue;
+      const auto in = static_cast<std::size_t>(g.nodes[j].inputs[0]);
+      if (nhwc[j] == nhwc[in]) continue;
+      nhwc[j] = nhwc[in] = false;
+      changed = true;
     }
   }
   return nhwc;

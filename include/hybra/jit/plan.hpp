@@ -1,7 +1,7 @@
 #pragma once
 // An optimised graph compiled for one device and one input signature: a list
-// of steps (fused loops, matrix products with their epilogues, and the eager
-// op for anything else) over buffers planned ahead of time. A call is ONE
+// of steps (fused loops, matrix products with their epilogues, pooling on a
+// CPU, and the eager op for anything else) over buffers planned ahead of time. A call is ONE
 // engine op: it reads the inputs and parameters, writes fresh output tensors
 // and the plan's workspace (which also orders calls of one plan).
 //
@@ -23,8 +23,8 @@
 // would take with a buffer each.
 //
 // Layouts: every value lies as its shape says (NCHW for images), except the
-// values a CPU plan keeps NHWC between oneDNN's convolutions
-// (channels_last.hpp); nhwc_values() counts them.
+// values a CPU plan keeps NHWC between oneDNN's convolutions and the pooling
+// steps among them (channels_last.hpp); nhwc_values() counts them.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -127,7 +127,13 @@ class Plan {
   int graphs_recorded() const { return state_->replay.recorded; }
 
  private:
-  enum class Kind { input, constant, fused, product, launch, eager };
+  enum class Kind { input, constant, fused, product, pool, launch, eager };
+  // A pool step's kernel: pool2d (or pool2d_nhwc, where its operands lie NHWC).
+  struct Pooling {
+    hybra::detail::nn::Pool2dGeometry geometry;
+    bool max, count_include_pad;
+    bool nhwc = false;
+  };
   struct Step {
     Kind kind;
     int node;
@@ -135,6 +141,7 @@ class Plan {
     std::vector<int> loop_inputs{};     // the nodes the loop reads, in order (-1: this node's own result)
     std::optional<hybra::detail::nn::Conv2dGeometry> conv{};  // a conv2d product: its sizes
     hybra::detail::nn::ConvLayouts conv_layouts{};            // and where its input and result keep their channels
+    std::optional<Pooling> pool{};                            // a pool step's
     bool view = false;                // an eager step whose value is a view of an input (no work)
     // On a GPU: the loop's kernel (its name until the plan's program is
     // loaded), and a product's GEMM, whose epilogue may have taken the loop's.
@@ -243,6 +250,7 @@ class Plan {
       case Kind::constant: return "constant";
       case Kind::fused: return "fused";
       case Kind::product: return "product";
+      case Kind::pool: return "pool";
       case Kind::launch: return "launch";
       case Kind::eager: return "eager";
     }
@@ -253,7 +261,7 @@ class Plan {
     const auto& s = *state_;
     std::string counts;
     std::ptrdiff_t work = 0;
-    for (Kind k : {Kind::fused, Kind::product, Kind::launch, Kind::eager}) {
+    for (Kind k : {Kind::fused, Kind::product, Kind::pool, Kind::launch, Kind::eager}) {
       const auto n = std::count_if(s.steps.begin(), s.steps.end(), [k](const Step& step) { return step.kind == k; });
       if (n) counts += hybra::detail::concat(counts.empty() ? "" : ", ", n, ' ', kind_name(k));
       work += n;
@@ -282,6 +290,14 @@ inline bool product_kernel(const graph::Node& n, std::span<const Tensor> in) {
   for (std::size_t k = 0; k < graph::own_inputs(n); ++k)
     if (!in[k].is_contiguous() || in[k].dtype() != in[0].dtype()) return false;
   return is_floating(in[0].dtype());
+}
+
+// A pool2d node's kernel on a CPU, where hybra's pooling kernel runs into
+// its planned buffer: a windowed (not global) pooling of a contiguous
+// float32 or float64 input (anything else runs the eager op).
+inline bool pool_kernel(const graph::Node& n, std::span<const Tensor> in) {
+  if (n.op != "pool2d" || !in[0].is_contiguous() || !is_floating(in[0].dtype()) || is_half(in[0].dtype())) return false;
+  return !hybra::detail::nn::PoolWindow::read(n.attrs, n.op).global;
 }
 
 // A conv2d node's sizes, from its operands and attributes (which inference
@@ -404,6 +420,8 @@ inline void Plan::build() {
       kind = Kind::constant;
     } else if (graph::fusable(g, n)) {
       kind = Kind::fused;
+    } else if (s.device.kind == DeviceKind::cpu && detail::pool_kernel(n, in)) {
+      kind = Kind::pool;
     } else if (is_half(*n.meta.dtype) ||
                std::any_of(in.begin(), in.end(), [](const Tensor& t) { return is_half(t.dtype()); })) {
       kind = Kind::eager;  // the 16-bit floats: the eager op computes them in float32 (ops/half.hpp)
@@ -424,7 +442,8 @@ inline void Plan::build() {
         if (r.storage() == in[k].storage()) alias[i] = n.inputs[k];
     } else {
       layout[i] = Tensor(*n.meta.shape, *n.meta.dtype, meta());
-      planned[i] = kind == Kind::fused || kind == Kind::product || kind == Kind::launch || (kind == Kind::eager && n.body);
+      planned[i] = kind == Kind::fused || kind == Kind::product || kind == Kind::pool || kind == Kind::launch ||
+                   (kind == Kind::eager && n.body);
     }
     Step step{.kind = kind, .node = static_cast<int>(i)};
     step.view = kind == Kind::eager && alias[i] >= 0;
@@ -435,6 +454,11 @@ inline void Plan::build() {
     s.draw_blocks += graph::detail::draw_blocks(n, s.training);
     step.launch = std::move(launch);
     if (kind == Kind::product && n.op == "conv2d") step.conv = detail::conv2d_geometry(n, in);
+    if (kind == Kind::pool) {
+      const auto w = hybra::detail::nn::PoolWindow::read(n.attrs, n.op);
+      step.pool = Pooling{hybra::detail::nn::pool2d_geometry(n.op, in[0].shape(), w.kernel, w.stride, w.pad, w.convention),
+                          w.max, w.count_include_pad};
+    }
     if (kind == Kind::fused) {
       // A lone elementwise node is a body of one op; scalars are folded in.
       auto [body, outside] = n.body ? std::pair{*n.body, n.inputs} : graph::detail::extract(g, {static_cast<int>(i)}, static_cast<int>(i));
@@ -544,12 +568,14 @@ inline void Plan::build() {
 inline void Plan::build_epilogues(const std::vector<Tensor>& layout) {
   auto& s = *state_;
   const auto& g = s.graph;
-  std::vector<bool> onednn_conv(g.nodes.size(), false);
-  for (const auto& step : s.steps)
-    onednn_conv[static_cast<std::size_t>(step.node)] =
-        step.conv && s.device.kind == DeviceKind::cpu && layout[static_cast<std::size_t>(step.node)].dtype() == DType::float32 &&
-        hybra::detail::nn::conv2d_on_onednn<float>(*step.conv);
-  const std::vector<bool> nhwc = detail::channels_last_values(g, onednn_conv);
+  std::vector<bool> onednn_conv(g.nodes.size(), false), pool(g.nodes.size(), false);
+  for (const auto& step : s.steps) {
+    const auto i = static_cast<std::size_t>(step.node);
+    onednn_conv[i] = step.conv && s.device.kind == DeviceKind::cpu && layout[i].dtype() == DType::float32 &&
+                     hybra::detail::nn::conv2d_on_onednn<float>(*step.conv);
+    pool[i] = step.kind == Kind::pool;
+  }
+  const std::vector<bool> nhwc = detail::channels_last_values(g, onednn_conv, pool);
   s.nhwc_values = static_cast<std::size_t>(std::count(nhwc.begin(), nhwc.end(), true));
   using hybra::detail::nn::Channels;
   for (auto& step : s.steps) {
@@ -558,6 +584,7 @@ inline void Plan::build_epilogues(const std::vector<Tensor>& layout) {
     if (step.conv)
       step.conv_layouts = {nhwc[static_cast<std::size_t>(n.inputs[0])] ? Channels::last : Channels::first,
                            nhwc[i] ? Channels::last : Channels::first};
+    if (step.pool) step.pool->nhwc = nhwc[i];
     if (step.kind == Kind::fused || !n.body) continue;
     step.loop_inputs = {-1};
     for (std::size_t k = graph::own_inputs(n); k < n.inputs.size(); ++k) step.loop_inputs.push_back(n.inputs[k]);
@@ -697,6 +724,25 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
           });
         }
         if (step.loop) run_loop(step, dst, dst);
+        values[i] = &dst;
+        break;
+      }
+      case Kind::pool: {
+        const Tensor& dst = target(i);
+        const Tensor& x = *values[static_cast<std::size_t>(n.inputs[0])];
+        const Pooling& p = *step.pool;
+        dispatch(dst.dtype(), [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          if constexpr (std::is_floating_point_v<T>) {
+            const T* in = static_cast<const T*>(x.raw_data());
+            T* out = static_cast<T*>(dst.raw_data());
+            namespace nn = hybra::detail::nn;
+            if (p.nhwc && p.max) nn::pool2d_nhwc<T, true>(in, out, p.geometry, p.count_include_pad);
+            else if (p.nhwc) nn::pool2d_nhwc<T, false>(in, out, p.geometry, p.count_include_pad);
+            else if (p.max) nn::pool2d<T, true>(in, out, p.geometry, p.count_include_pad);
+            else nn::pool2d<T, false>(in, out, p.geometry, p.count_include_pad);
+          }
+        });
         values[i] = &dst;
         break;
       }

@@ -119,6 +119,30 @@ inline void pool_columns(const T* src, T* dst, std::int64_t n, std::int64_t stri
       });
 }
 
+template <class T, bool Max>
+constexpr T pool_identity() {
+  return Max ? -std::numeric_limits<T>::infinity() : T(0);
+}
+
+// What an average divides each output by: its column's part and its row's
+// part of the window, multiplied in T.
+template <class T>
+struct PoolDivisors {
+  std::vector<T> widths, heights;
+  PoolDivisors(const Pool2dGeometry& g, bool count_include_pad)
+      : widths(static_cast<std::size_t>(g.OW)), heights(static_cast<std::size_t>(g.OH)) {
+    for (std::int64_t ow = 0; ow < g.OW; ++ow)
+      widths[static_cast<std::size_t>(ow)] =
+          static_cast<T>(pool_divisor_extent(ow * g.sw - g.pw, g.KW, g.W, g.pw, count_include_pad));
+    for (std::int64_t oh = 0; oh < g.OH; ++oh)
+      heights[static_cast<std::size_t>(oh)] =
+          static_cast<T>(pool_divisor_extent(oh * g.sh - g.ph, g.KH, g.H, g.ph, count_include_pad));
+  }
+  T operator()(std::int64_t oh, std::int64_t ow) const {
+    return heights[static_cast<std::size_t>(oh)] * widths[static_cast<std::size_t>(ow)];
+  }
+};
+
 // Max (Max = true) or average pooling of every (image, channel) plane, in
 // two passes, since both reductions separate: down the window's rows into
 // a buffer of padded rows (Wp = W + 2 pw wide, the padding holding the
@@ -132,16 +156,11 @@ void pool2d(const T* x, T* out, const Pool2dGeometry& g, bool count_include_pad)
   // A `full` pooling's last window may run past the right padding.
   const std::int64_t Wp = std::max(g.W + 2 * g.pw, (g.OW - 1) * g.sw + g.KW);
   if (planes == 0 || P == 0) return;
-  const T identity = Max ? -std::numeric_limits<T>::infinity() : T(0);
+  const T identity = pool_identity<T, Max>();
   const bool flat = Wp == g.OW * g.sw;
-  // What an average divides by: each output column's part, each output row's part.
-  std::vector<T> widths(static_cast<std::size_t>(g.OW)), heights(static_cast<std::size_t>(g.OH));
-  for (std::int64_t ow = 0; ow < g.OW; ++ow)
-    widths[static_cast<std::size_t>(ow)] =
-        static_cast<T>(pool_divisor_extent(ow * g.sw - g.pw, g.KW, g.W, g.pw, count_include_pad));
-  for (std::int64_t oh = 0; oh < g.OH; ++oh)
-    heights[static_cast<std::size_t>(oh)] =
-        static_cast<T>(pool_divisor_extent(oh * g.sh - g.ph, g.KH, g.H, g.ph, count_include_pad));
+  const PoolDivisors<T> divisors(g, count_include_pad);
+  const auto& widths = divisors.widths;
+  const auto& heights = divisors.heights;
   std::atomic<bool> failed{false};
   backend::cpu::parallel_for(planes, P * g.KH * g.KW, [&](std::int64_t first, std::int64_t last) {
     ThreadBuffer<T> rows(g.OH * Wp + g.KW, failed);
@@ -187,6 +206,57 @@ void pool2d(const T* x, T* out, const Pool2dGeometry& g, bool count_include_pad)
           T* dst = op + oh * g.OW;
 #pragma omp simd
           for (std::int64_t ow = 0; ow < g.OW; ++ow) dst[ow] /= height * widths[static_cast<std::size_t>(ow)];
+        }
+      }
+    }
+  });
+  check_buffers(failed, Max ? "max_pool2d" : "avg_pool2d");
+}
+
+// pool2d on NHWC operands: x (N, H, W, C) into out (N, OH, OW, C), for the
+// values a captured plan keeps NHWC between oneDNN's convolutions
+// (jit/channels_last.hpp). Each output is reduced as pool2d reduces it: down
+// the window's rows that hold input, then along its columns in order, a
+// column in the padding being the identity, and an average divided by
+// PoolDivisors; so both give the same bits. The channels are the vector.
+template <class T, bool Max>
+void pool2d_nhwc(const T* x, T* out, const Pool2dGeometry& g, bool count_include_pad) {
+  const std::int64_t rows = g.N * g.OH, C = g.C, row_size = g.W * C;
+  if (rows == 0 || g.OW == 0 || C == 0) return;
+  const T identity = pool_identity<T, Max>();
+  const PoolDivisors<T> divisors(g, count_include_pad);
+  std::atomic<bool> failed{false};
+  backend::cpu::parallel_for(rows, g.OW * C * g.KH * g.KW, [&](std::int64_t first, std::int64_t last) {
+    ThreadBuffer<T> columns(row_size, failed);  // each input column's reduction down the window's rows
+    if (!columns.get()) return;
+    T* sums = columns.get();
+    for (std::int64_t row = first; row < last; ++row) {
+      const std::int64_t n = row / g.OH, oh = row % g.OH, top = oh * g.sh - g.ph;
+      const std::int64_t r0 = std::max<std::int64_t>(0, top), r1 = std::min(g.H, top + g.KH);
+      std::copy_n(x + (n * g.H + r0) * row_size, row_size, sums);
+      for (std::int64_t r = r0 + 1; r < r1; ++r) {
+        const T* src = x + (n * g.H + r) * row_size;
+#pragma omp simd
+        for (std::int64_t i = 0; i < row_size; ++i) sums[i] = pool_op<T, Max>(sums[i], src[i]);
+      }
+      T* dst_row = out + row * g.OW * C;
+      for (std::int64_t ow = 0; ow < g.OW; ++ow) {
+        T* dst = dst_row + ow * C;
+        for (std::int64_t kw = 0; kw < g.KW; ++kw) {
+          const std::int64_t w = ow * g.sw - g.pw + kw;
+          const T* column = w >= 0 && w < g.W ? sums + w * C : nullptr;
+          if (kw == 0) {
+            if (column) std::copy_n(column, C, dst);
+            else std::fill_n(dst, C, identity);
+            continue;
+          }
+#pragma omp simd
+          for (std::int64_t c = 0; c < C; ++c) dst[c] = pool_op<T, Max>(dst[c], column ? column[c] : identity);
+        }
+        if constexpr (!Max) {
+          const T divisor = divisors(oh, ow);
+#pragma omp simd
+          for (std::int64_t c = 0; c < C; ++c) dst[c] /= divisor;
         }
       }
     }
