@@ -264,13 +264,15 @@ TEST_CASE("conv2d errors name the op and the shapes") {
   CHECK_THROWS_AS(conv2d(x, zeros({4, 3, 3, 3}, DType::float32, cpu(1))), DeviceError);
 }
 
+struct PoolingCase {
+  Shape x;
+  Size2d kernel, stride, padding;
+  DType dtype = DType::float32;
+  PoolingConvention convention = PoolingConvention::valid;
+};
+
 TEST_CASE("pooling matches the reference loop: max, average with and without the padding, global") {
-  struct PoolCase {
-    Shape x;
-    Size2d kernel, stride, padding;
-    DType dtype = DType::float32;
-  };
-  const PoolCase cases[] = {
+  const PoolingCase cases[] = {
       {{2, 3, 8, 8}, 2, 2, 0}, {{2, 3, 7, 9}, 3, 2, 1},   {{1, 2, 11, 6}, {3, 2}, {1, 2}, {1, 0}},
       {{2, 1, 5, 5}, 5, 1, 2}, {{3, 4, 28, 28}, 2, 2, 0}, {{1, 2, 9, 7}, {2, 4}, 3, {1, 2}, DType::float64},
       {{1, 1, 4, 4}, 4, 4, 0},
@@ -303,15 +305,11 @@ TEST_CASE("pooling matches the reference loop: max, average with and without the
 // NHWC kernel must give pool2d's bits: every window, padding, stride, convention, divisor; signed zeros,
 // infinities and a NaN among the values.
 TEST_CASE("pooling on NHWC operands gives the bits of pooling on NCHW") {
-  struct PoolCase {
-    Shape x;
-    Size2d kernel, stride, padding;
-    PoolingConvention convention = PoolingConvention::valid;
-  };
-  const PoolCase cases[] = {
+  const auto full = PoolingConvention::full;
+  const PoolingCase cases[] = {
       {{2, 16, 8, 8}, 2, 2, 0},  {{2, 5, 7, 9}, 3, 2, 1},  {{1, 3, 11, 6}, {3, 2}, {1, 2}, {1, 0}},
       {{2, 2, 5, 5}, 5, 1, 2},   {{1, 7, 9, 7}, {2, 4}, 3, {1, 2}},
-      {{2, 6, 10, 7}, 3, 2, 1, PoolingConvention::full}, {{1, 9, 6, 6}, 2, 2, 0, PoolingConvention::full},
+      {{2, 6, 10, 7}, 3, 2, 1, DType::float32, full}, {{1, 9, 6, 6}, 2, 2, 0, DType::float32, full},
   };
   for (const DType dtype : {DType::float32, DType::float64})
     for (const auto& c : cases) {

@@ -316,6 +316,28 @@ TEST_CASE("batch_norm decomposes into its producer's epilogue, with the op's own
 
 // Where oneDNN computes a plan's convolutions, the values only they read stay NHWC (jit/channels_last.hpp): the
 // same primitive as an eager call's, so the same bits as a plan that must keep every value NCHW.
+// A plan of `out` (of the var "x") keeps `nhwc` values NHWC where oneDNN is built in and on, and gives the
+// bits of the same graph with every value of `values` an output too (so all NCHW).
+namespace {
+void check_kept_nhwc(const Symbol& out, std::vector<Symbol> values, [[maybe_unused]] std::size_t nhwc) {
+  const graph::Graph traced = graph::trace({out});
+  const Tensor xv = random_normal(*traced.nodes[static_cast<std::size_t>(traced.vars().front())].meta.shape);
+  jit::Plan kept(graph::optimize(graph::trace({out})), cpu(), false, "kept");
+  values.insert(values.begin(), out);
+  jit::Plan nchw(graph::optimize(graph::trace(values)), cpu(), false, "nchw");
+  CHECK(nchw.nhwc_values() == 0);
+#ifdef HYBRA_ONEDNN_CALLS
+  CHECK(kept.nhwc_values() == (backend::cpu::onednn::enabled() ? nhwc : 0u));
+#else
+  CHECK(kept.nhwc_values() == 0);
+#endif
+  const Tensor got = kept({xv})[0], want = nchw({xv})[0];
+  CHECK(got.to_vector<float>() == want.to_vector<float>());
+  CHECK(max_rel_diff(got, graph::run(graph::trace({out}), {{"x", xv}})[0]) <= 1e-5);
+  CHECK(max_rel_diff(kept({xv})[0], got) == 0);  // a second call, its buffers reused
+}
+}  // namespace
+
 TEST_CASE("a CPU plan keeps NHWC between oneDNN's convolutions, with the bits of NCHW") {
   auto channel = [](std::int64_t c, double lo) { return sym::constant(random_uniform({c}, lo, lo + 1)); };
   auto bn = [&](const Symbol& v, std::int64_t c) {
@@ -330,20 +352,7 @@ TEST_CASE("a CPU plan keeps NHWC between oneDNN's convolutions, with the bits of
   Symbol z = relu(bn(conv2d(block, weight(128, 64, 3), {}, 2, 1), 128));
   Symbol shortcut = bn(conv2d(block, weight(128, 32, 1), {}, 2, 0, 1, 2), 128);  // two groups: hybra's kernel
   Symbol out = relu(bn(conv2d(z, weight(128, 128, 3), {}, 1, 1), 128) + shortcut);
-  const Tensor xv = random_normal({2, 64, 9, 7});
-  jit::Plan kept(graph::optimize(graph::trace({out})), cpu(), false, "kept");
-  // Every intermediate value an output too: all NCHW.
-  jit::Plan nchw(graph::optimize(graph::trace({out, y, c1, z})), cpu(), false, "nchw");
-  CHECK(nchw.nhwc_values() == 0);
-#ifdef HYBRA_ONEDNN_CALLS
-  CHECK(kept.nhwc_values() == (backend::cpu::onednn::enabled() ? 3u : 0u));  // y, c1 and z
-#else
-  CHECK(kept.nhwc_values() == 0);
-#endif
-  const Tensor got = kept({xv})[0], want = nchw({xv})[0];
-  CHECK(got.to_vector<float>() == want.to_vector<float>());
-  CHECK(max_rel_diff(got, graph::run(graph::trace({out}), {{"x", xv}})[0]) <= 1e-5);
-  CHECK(max_rel_diff(kept({xv})[0], got) == 0);  // a second call, its buffers reused
+  check_kept_nhwc(out, {y, c1, z}, 3);  // y, c1 and z
 }
 
 TEST_CASE("a CPU plan keeps NHWC through the poolings between oneDNN's convolutions, with the bits of NCHW") {
@@ -358,21 +367,7 @@ TEST_CASE("a CPU plan keeps NHWC through the poolings between oneDNN's convoluti
   Symbol r = max_pool2d(c, 2, 2);                                                     // a global pooling reads it
   Symbol d = relu(conv2d(max_pool2d(a, 2, 1), weight(64, 64, 3), {}, 1, 1));           // a second pooling of a
   Symbol out = global_avg_pool2d(r) + global_avg_pool2d(d);
-  const Tensor xv = random_normal({2, 64, 13, 11});
-  jit::Plan kept(graph::optimize(graph::trace({out})), cpu(), false, "kept");
-  // Every intermediate value an output too: all NCHW.
-  jit::Plan nchw(graph::optimize(graph::trace({out, a, p, b, q, c, d})), cpu(), false, "nchw");
-  CHECK(nchw.nhwc_values() == 0);
-#ifdef HYBRA_ONEDNN_CALLS
-  // a, p, b, q and the second pooling of a; the global poolings read NCHW.
-  CHECK(kept.nhwc_values() == (backend::cpu::onednn::enabled() ? 5u : 0u));
-#else
-  CHECK(kept.nhwc_values() == 0);
-#endif
-  const Tensor got = kept({xv})[0], want = nchw({xv})[0];
-  CHECK(got.to_vector<float>() == want.to_vector<float>());
-  CHECK(max_rel_diff(got, graph::run(graph::trace({out}), {{"x", xv}})[0]) <= 1e-5);
-  CHECK(max_rel_diff(kept({xv})[0], got) == 0);  // a second call, its buffers reused
+  check_kept_nhwc(out, {a, p, b, q, c, d}, 5);  // a, p, b, q and the second pooling of a; global poolings read NCHW
 }
 
 TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's peak shows it") {
