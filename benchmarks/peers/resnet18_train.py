@@ -178,6 +178,10 @@ def main():
         mode = "torch.compile" if args.compile else "eager"
         name = "PyTorch " + torch.__version__
     else:
+        # MXNet's OpenMP runtime reads its thread count when the library loads and runs one thread unless
+        # OMP_NUM_THREADS says otherwise, so --threads must reach the environment before the import (run
+        # alone, without benchmarks/resnet18_train.sh's export, it was silently ignored).
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
         import mxnet
         step, loss, acc = mxnet_run(args, train, test)
         mode = "hybridized" if args.hybridize else "eager"
