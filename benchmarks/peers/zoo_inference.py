@@ -16,6 +16,7 @@ follows it).
 import argparse
 import os
 import statistics
+import sys
 import time
 
 # MXNet's name and torchvision's constructor of the same network.
@@ -74,6 +75,9 @@ def export(directory, models):
 
 
 def run_mxnet(directory, models, batches):
+    if "OMP_NUM_THREADS" not in os.environ:
+        # Unset, MXNet's runtime runs one OpenMP thread: a figure for another thread count than the peers'.
+        sys.exit("zoo_inference.py mxnet: set OMP_NUM_THREADS (zoo_inference.sh does)")
     import mxnet as mx
     from mxnet import gluon, nd
     for name in models:
