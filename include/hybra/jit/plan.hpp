@@ -1,9 +1,10 @@
 #pragma once
 // An optimised graph compiled for one device and one input signature: a list
 // of steps (fused loops, matrix products with their epilogues, pooling on a
-// CPU, and the eager op for anything else) over buffers planned ahead of time. A call is ONE
-// engine op: it reads the inputs and parameters, writes fresh output tensors
-// and the plan's workspace (which also orders calls of one plan).
+// CPU, and the eager op for anything else) over buffers planned ahead of
+// time. A call is ONE engine op: it reads the inputs and parameters, writes
+// fresh output tensors and the plan's workspace (which also orders calls of
+// one plan).
 //
 // On a GPU the fused loops are kernels generated from the same programs (one
 // NVRTC compile for the plan), fully_connected is one cuBLASLt GEMM whose
