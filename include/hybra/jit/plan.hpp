@@ -427,9 +427,10 @@ inline void Plan::build() {
                std::any_of(in.begin(), in.end(), [](const Tensor& t) { return is_half(t.dtype()); })) {
       kind = Kind::eager;  // the 16-bit floats: the eager op computes them in float32 (ops/half.hpp)
     } else {
-      // On a GPU, fully_connected is a product step (cuBLASLt); other ops run
-      // their launches where they have them, else their eager op.
-      const bool product = detail::product_kernel(n, in) && (s.device.kind != DeviceKind::cuda || n.op == "fully_connected");
+      // On a GPU, fully_connected of a 2-d input is a product step (cuBLASLt);
+      // other ops run their launches where they have them, else their eager op.
+      const bool product = detail::product_kernel(n, in) &&
+                           (s.device.kind != DeviceKind::cuda || (n.op == "fully_connected" && in[0].ndim() == 2));
       if (!product && s.device.kind == DeviceKind::cuda)
         launch = detail::cuda_launch(n, std::span(in).first(graph::own_inputs(n)), s.device);
       kind = product ? Kind::product : launch ? Kind::launch : Kind::eager;
