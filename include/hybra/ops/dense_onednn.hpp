@@ -7,10 +7,10 @@
 // it while they stay unchanged (core/derived_forms.hpp), so an inference
 // reorders each weight once, where OpenBLAS packs it again on every call.
 //
-// The result does not depend on the thread count, bit for bit, as the other
-// products' (tested): oneDNN splits a product's sums over its threads when
-// the rows are few, so the units are cut here into parts fixed by the
-// shapes (DenseParts), each computed by a one-thread primitive.
+// The result does not depend on the thread count, bit for bit (tested):
+// oneDNN splits a product's sums over its threads when the rows are few, so
+// the units are cut here into parts fixed by the shapes (DenseParts), each
+// computed by a one-thread primitive.
 #include "../backend/cpu/onednn.hpp"
 #ifdef HYBRA_ONEDNN_CALLS
 #include <algorithm>
