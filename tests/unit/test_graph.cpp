@@ -370,6 +370,25 @@ TEST_CASE("a CPU plan keeps NHWC through the poolings between oneDNN's convoluti
   check_kept_nhwc(out, {a, p, b, q, c, d}, 5);  // a, p, b, q and the second pooling of a; global poolings read NCHW
 }
 
+TEST_CASE("a CPU plan writes each concat into its planned buffer, with the eager op's values") {
+  auto x = sym::var("x", Shape{2, 4, 8}), y = sym::var("y", Shape{2, 8, 4});
+  Symbol a = x * 2;
+  Symbol c = concat(std::vector<Symbol>{a, transpose(y, {0, 2, 1})}, 2);  // a part read through a strided view
+  Symbol d = concat(std::vector<Symbol>{c.astype(DType::float64), exp(c)}, 0);  // float32 promoted into float64
+  Symbol out = concat(std::vector<Symbol>{d, d}, 1);                          // a graph output, one part twice
+  const graph::Graph g = graph::optimize(graph::trace({out}));
+  jit::Plan plan(g, cpu(), false, "concat");
+  // Planned: a (256 bytes), c (512), exp(c) (512) and d (2048); astype runs
+  // eager. An eager concat's value would have no planned buffer.
+  CHECK(plan.unplanned_bytes() == 3328);
+  const Tensor xv = random_normal({2, 4, 8}), yv = random_normal({2, 8, 4});
+  const auto want = graph::run(graph::trace({out}), {{"x", xv}, {"y", yv}})[0];
+  CHECK(want.dtype() == DType::float64);
+  CHECK(want.shape() == Shape{4, 8, 16});
+  CHECK(plan({xv, yv})[0].to_vector<double>() == want.to_vector<double>());
+  CHECK(plan({xv, yv})[0].to_vector<double>() == want.to_vector<double>());  // a second call, its buffers reused
+}
+
 TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's peak shows it") {
   auto x = sym::var("x", Shape{16, 64});
   Symbol h = x;

@@ -30,6 +30,7 @@ struct OpDef {
   // The eager op on tensors. Elementwise ops receive every operand as a
   // tensor: scalar operands arrive as 0-d tensors of the node's common dtype.
   Tensor (*eval)(std::span<const Tensor> in, const op::Attrs& attrs) = nullptr;
+  void (*eval_into)(std::span<const Tensor> in, const Tensor& out, const op::Attrs& attrs) = nullptr;
   bool gradient_only = false;
   bool pure = true;
   bool product = false;
@@ -61,6 +62,7 @@ OpDef op_def() {
   d.gradient_only = op::gradient_only<Op>;
   d.pure = op::pure<Op>;
   d.product = op::product<Op>;
+  if constexpr (op::has_eval_into<Op>) d.eval_into = &Op::eval_into;
   if constexpr (op::has_multiply_adds<Op>) d.multiply_adds = &Op::multiply_adds;
   if constexpr (op::has_cuda_launch<Op>) d.cuda_launch = &Op::cuda_launch;
   return d;

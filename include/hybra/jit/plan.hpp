@@ -1,8 +1,8 @@
 #pragma once
 // An optimised graph compiled for one device and one input signature: a list
 // of steps (fused loops, matrix products with their epilogues, pooling on a
-// CPU, and the eager op for anything else) over buffers planned ahead of
-// time. A call is ONE engine op: it reads the inputs and parameters, writes
+// CPU, ops that write into a given buffer (ops/op.hpp's eval_into) on a CPU,
+// and the eager op for anything else) over buffers planned ahead of time. A call is ONE engine op: it reads the inputs and parameters, writes
 // fresh output tensors and the plan's workspace (which also orders calls of
 // one plan).
 //
@@ -128,7 +128,7 @@ class Plan {
   int graphs_recorded() const { return state_->replay.recorded; }
 
  private:
-  enum class Kind { input, constant, fused, product, pool, launch, eager };
+  enum class Kind { input, constant, fused, product, pool, into, launch, eager };
   // A pool step's kernel: pool2d (or pool2d_nhwc, where its operands lie NHWC).
   struct Pooling {
     hybra::detail::nn::Pool2dGeometry geometry;
@@ -143,6 +143,7 @@ class Plan {
     std::optional<hybra::detail::nn::Conv2dGeometry> conv{};  // a conv2d product: its sizes
     hybra::detail::nn::ConvLayouts conv_layouts{};            // and where its input and result keep their channels
     std::optional<Pooling> pool{};                            // a pool step's
+    decltype(graph::OpDef::eval_into) into = nullptr;         // an into step's op
     bool view = false;                // an eager step whose value is a view of an input (no work)
     // On a GPU: the loop's kernel (its name until the plan's program is
     // loaded), and a product's GEMM, whose epilogue may have taken the loop's.
@@ -252,6 +253,7 @@ class Plan {
       case Kind::fused: return "fused";
       case Kind::product: return "product";
       case Kind::pool: return "pool";
+      case Kind::into: return "into";
       case Kind::launch: return "launch";
       case Kind::eager: return "eager";
     }
@@ -262,7 +264,7 @@ class Plan {
     const auto& s = *state_;
     std::string counts;
     std::ptrdiff_t work = 0;
-    for (Kind k : {Kind::fused, Kind::product, Kind::pool, Kind::launch, Kind::eager}) {
+    for (Kind k : {Kind::fused, Kind::product, Kind::pool, Kind::into, Kind::launch, Kind::eager}) {
       const auto n = std::count_if(s.steps.begin(), s.steps.end(), [k](const Step& step) { return step.kind == k; });
       if (n) counts += hybra::detail::concat(counts.empty() ? "" : ", ", n, ' ', kind_name(k));
       work += n;
@@ -426,6 +428,8 @@ inline void Plan::build() {
     } else if (is_half(*n.meta.dtype) ||
                std::any_of(in.begin(), in.end(), [](const Tensor& t) { return is_half(t.dtype()); })) {
       kind = Kind::eager;  // the 16-bit floats: the eager op computes them in float32 (ops/half.hpp)
+    } else if (s.device.kind == DeviceKind::cpu && graph::find_op(n.op).eval_into) {
+      kind = Kind::into;  // into its planned buffer: a fresh tensor per call costs its page faults
     } else {
       // On a GPU, fully_connected of a 2-d input is a product step (cuBLASLt);
       // other ops run their launches where they have them, else their eager op.
@@ -444,8 +448,8 @@ inline void Plan::build() {
         if (r.storage() == in[k].storage()) alias[i] = n.inputs[k];
     } else {
       layout[i] = Tensor(*n.meta.shape, *n.meta.dtype, meta());
-      planned[i] = kind == Kind::fused || kind == Kind::product || kind == Kind::pool || kind == Kind::launch ||
-                   (kind == Kind::eager && n.body);
+      planned[i] = kind == Kind::fused || kind == Kind::product || kind == Kind::pool || kind == Kind::into ||
+                   kind == Kind::launch || (kind == Kind::eager && n.body);
     }
     Step step{.kind = kind, .node = static_cast<int>(i)};
     step.view = kind == Kind::eager && alias[i] >= 0;
@@ -455,6 +459,7 @@ inline void Plan::build() {
     }
     s.draw_blocks += graph::detail::draw_blocks(n, s.training);
     step.launch = std::move(launch);
+    if (kind == Kind::into) step.into = graph::find_op(n.op).eval_into;
     if (kind == Kind::product && n.op == "conv2d") step.conv = detail::conv2d_geometry(n, in);
     if (kind == Kind::pool) {
       const auto w = hybra::detail::nn::PoolWindow::read(n.attrs, n.op);
@@ -745,6 +750,15 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
             else nn::pool2d<T, false>(in, out, p.geometry, p.count_include_pad);
           }
         });
+        values[i] = &dst;
+        break;
+      }
+      case Kind::into: {
+        const Tensor& dst = target(i);
+        boost::container::small_vector<Tensor, 4> in;
+        for (std::size_t k = 0; k < graph::own_inputs(n); ++k) in.push_back(*values[static_cast<std::size_t>(n.inputs[k])]);
+        step.into(std::span<const Tensor>(in.data(), in.size()), dst, n.attrs);
+        if (step.loop) run_loop(step, dst, dst);
         values[i] = &dst;
         break;
       }

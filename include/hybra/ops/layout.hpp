@@ -188,6 +188,19 @@ inline std::vector<Tensor> concat_views(std::span<const Tensor> parts, const Ten
   }
   return views;
 }
+// Writes each part into its place in out along axis ax, converting to out's
+// dtype. A part that already lies there (a CPU plan's buffers: jit/plan.hpp)
+// is not copied. Parts never overlap out otherwise: out is fresh, or a
+// planned buffer no live value shares.
+inline void concat_into(std::span<const Tensor> parts, const Tensor& out, int ax) {
+  const std::vector<Tensor> views = concat_views(parts, out, ax);
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const Tensor& part = parts[k];
+    const bool in_place = part.storage() == out.storage() && part.offset() == views[k].offset() &&
+                          part.strides() == views[k].strides() && part.dtype() == out.dtype();
+    if (part.size() && !in_place) copy_into(part, views[k]);
+  }
+}
 }  // namespace detail
 
 // Joins tensors along an existing axis. Extents must match on every other
@@ -213,9 +226,7 @@ inline Tensor concat(const std::vector<Tensor>& tensors, std::int64_t axis = 0) 
     dtype = promote_types(dtype, t.dtype());
   }
   Tensor out(out_shape, dtype, first.device());
-  std::vector<Tensor> views = detail::concat_views(tensors, out, ax);
-  for (std::size_t k = 0; k < tensors.size(); ++k)
-    if (tensors[k].size()) views[k].assign(tensors[k]);
+  detail::concat_into(tensors, out, ax);
   return rec.output(out, [&] { return axis_attrs(axis); });
 }
 
@@ -348,6 +359,9 @@ struct concat {
   static constexpr int arity = -1;
   static Tensor eval(std::span<const Tensor> in, const op::Attrs& a) {
     return hybra::concat(std::vector<Tensor>(in.begin(), in.end()), op::int_attr(a, "axis", name));
+  }
+  static void eval_into(std::span<const Tensor> in, const Tensor& out, const op::Attrs& a) {
+    hybra::detail::concat_into(in, out, hybra::detail::checked_axis(op::int_attr(a, "axis", name), out.shape(), name));
   }
   static std::optional<backend::cuda::CudaLaunch> cuda_launch(std::span<const Tensor> in, const Tensor& out,
                                                               const op::Attrs& a, backend::cuda::Gpu& gpu) {

@@ -13,6 +13,11 @@
 //                   node's text; inference runs it on meta tensors, so each
 //                   op has one shape rule and one set of errors
 //                                 [elementwise: the op on the fused loop]
+//   eval_into(in, out, attrs)  the eager op writing its result into `out`, a
+//                   CPU tensor of the result's shape and dtype: a CPU plan
+//                   runs it into the value's planned buffer, where eval
+//                   would allocate (and fault in) a fresh one per call
+//                                                   [none: eval's result]
 //   multiply_adds(in, out)  a product's work (meta tensors will do), by
 //                   which the CPU plan sizes a call     [none: bytes-bound]
 //   cuda_launch(in, out, attrs, gpu)  the op's GPU work as launches a plan
@@ -87,6 +92,9 @@ concept exported = elementwise<Op> || requires { Op::mxnet; };
 
 template <class Op>
 concept has_multiply_adds = requires { &Op::multiply_adds; };
+
+template <class Op>
+concept has_eval_into = requires { &Op::eval_into; };
 
 template <class Op>
 concept has_cuda_launch = requires { &Op::cuda_launch; };
