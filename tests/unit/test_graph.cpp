@@ -370,6 +370,27 @@ TEST_CASE("a CPU plan keeps NHWC through the poolings between oneDNN's convoluti
   check_kept_nhwc(out, {a, p, b, q, c, d}, 5);  // a, p, b, q and the second pooling of a; global poolings read NCHW
 }
 
+TEST_CASE("a CPU plan keeps NHWC through concatenations and loops between oneDNN's convolutions, with the bits of NCHW") {
+  auto weight = [](std::int64_t f, std::int64_t c, std::int64_t k) { return sym::constant(random_normal({f, c, k, k}, 0, 0.1)); };
+  auto channel = [](std::int64_t c, double lo) { return sym::constant(random_uniform({1, c, 1, 1}, lo, lo + 1)); };
+  // 9 x 7 pixels: a permutation of H, W or C would read the wrong elements.
+  auto x = sym::var("x", Shape{2, 64, 9, 7});
+  // As DenseNet's blocks: features concatenated, then BatchNorm and ReLU, a 1x1 layer, concatenated again.
+  Symbol a = relu(conv2d(x, weight(64, 64, 3), {}, 1, 1));
+  Symbol b = conv2d(a, weight(64, 64, 1));
+  Symbol c = concat(std::vector<Symbol>{a, b}, 1);
+  Symbol d = relu(c * channel(128, 0.5) + channel(128, -0.5));
+  Symbol e = conv2d(d, weight(64, 128, 1));
+  Symbol f = concat(std::vector<Symbol>{c, e}, 1);
+  Symbol g = conv2d(f, weight(64, 192, 1));  // NCHW: a global pooling reads it
+  // k is read by an eager softmax: NCHW, and so are the loop and the concatenation tied to it.
+  Symbol k = relu(conv2d(x, weight(64, 64, 3), {}, 1, 1));
+  Symbol m = k * 2;
+  Symbol n = concat(std::vector<Symbol>{m, k}, 1);
+  Symbol out = global_avg_pool2d(g) + global_avg_pool2d(conv2d(n, weight(64, 128, 1))) + global_avg_pool2d(softmax(k));
+  check_kept_nhwc(out, {a, b, c, d, e, f, g, k, m, n}, 6);  // a to f
+}
+
 TEST_CASE("a CPU plan writes each concat into its planned buffer, with the eager op's values") {
   auto x = sym::var("x", Shape{2, 4, 8}), y = sym::var("y", Shape{2, 8, 4});
   Symbol a = x * 2;

@@ -24,8 +24,9 @@
 // would take with a buffer each.
 //
 // Layouts: every value lies as its shape says (NCHW for images), except the
-// values a CPU plan keeps NHWC between oneDNN's convolutions and the pooling
-// steps among them (channels_last.hpp); nhwc_values() counts them.
+// values a CPU plan keeps NHWC between oneDNN's convolutions and the
+// poolings, loops and concatenations among them (channels_last.hpp), whose
+// layouts and buffers carry NHWC's strides; nhwc_values() counts them.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -244,7 +245,7 @@ class Plan {
                 "freed by the worker, per call");
 
   void build();
-  void build_epilogues(const std::vector<Tensor>& layout);
+  void build_epilogues(std::vector<Tensor>& layout);
   void build_gpu(const std::vector<Tensor>& layout);
   static std::string_view kind_name(Kind k) {
     switch (k) {
@@ -487,11 +488,13 @@ inline void Plan::build() {
   };
   // A step may write over a value it reads for the last time only when it
   // reads that value at the index it writes: through a view (a broadcast,
-  // say) or at another shape it would read elements it already overwrote, so
-  // such a value lives one step longer.
+  // say), at another shape or in another layout it would read elements it
+  // already overwrote, so such a value lives one step longer.
   for (std::size_t i = 0; i < count; ++i)
     for (int k : g.nodes[i].inputs) {
-      const bool in_step = owner(k) == static_cast<std::size_t>(k) && layout[static_cast<std::size_t>(k)].shape() == layout[i].shape();
+      const Tensor& read = layout[static_cast<std::size_t>(k)];
+      const bool in_step = owner(k) == static_cast<std::size_t>(k) && read.shape() == layout[i].shape() &&
+                           read.strides() == layout[i].strides();
       last_use[owner(k)] = std::max(last_use[owner(k)], in_step ? i : i + 1);
     }
   // On a CPU outputs are written straight into the call's fresh tensors; on
@@ -556,8 +559,10 @@ inline void Plan::build() {
                                    draws_offset);
   s.buffer.resize(count);
   for (std::size_t i = 0; i < count; ++i)
-    if (planned[i])
-      s.buffer[i] = Tensor::from_storage(s.workspace.storage(), layout[i].shape(), layout[i].dtype(), slice[i].offset);
+    if (planned[i]) {
+      const Tensor slot = Tensor::from_storage(s.workspace.storage(), layout[i].shape(), layout[i].dtype(), slice[i].offset);
+      s.buffer[i] = slot.view(layout[i].shape(), layout[i].strides(), slot.offset());  // NHWC where the value lies so
+    }
   s.values.resize(count);
   s.made.resize(count);
   s.constants.resize(count);
@@ -569,21 +574,29 @@ inline void Plan::build() {
   if (s.device.kind == DeviceKind::cuda) build_gpu(layout);
 }
 
-// The epilogue loops of product, launch and eager steps, once the layouts
-// are known: a loop reads its operands, and writes the step's result, as
-// they lie.
-inline void Plan::build_epilogues(const std::vector<Tensor>& layout) {
+// Which values lie NHWC (channels_last.hpp), their layouts, and the loops
+// that read or write them: the epilogues of product, launch and eager steps,
+// and the fused steps that touch an NHWC value. A loop reads its operands,
+// and writes the step's result, as they lie.
+inline void Plan::build_epilogues(std::vector<Tensor>& layout) {
   auto& s = *state_;
   const auto& g = s.graph;
-  std::vector<bool> onednn_conv(g.nodes.size(), false), pool(g.nodes.size(), false);
-  for (const auto& step : s.steps) {
-    const auto i = static_cast<std::size_t>(step.node);
-    onednn_conv[i] = step.conv && s.device.kind == DeviceKind::cpu && layout[i].dtype() == DType::float32 &&
-                     hybra::detail::nn::conv2d_on_onednn<float>(*step.conv);
-    pool[i] = step.kind == Kind::pool;
-  }
-  const std::vector<bool> nhwc = detail::channels_last_values(g, onednn_conv, pool);
+  using detail::LayoutRole;
+  std::vector<LayoutRole> role(g.nodes.size(), LayoutRole::fixed);
+  if (s.device.kind == DeviceKind::cpu)
+    for (const auto& step : s.steps) {
+      const auto i = static_cast<std::size_t>(step.node);
+      if (step.conv && layout[i].dtype() == DType::float32 && hybra::detail::nn::conv2d_on_onednn<float>(*step.conv))
+        role[i] = LayoutRole::onednn_conv;
+      else if (step.kind == Kind::pool)
+        role[i] = LayoutRole::pool;
+      else if ((step.kind == Kind::fused || (step.kind == Kind::into && g.nodes[i].op == "concat")) && layout[i].ndim() == 4)
+        role[i] = LayoutRole::follows;
+    }
+  const std::vector<bool> nhwc = detail::channels_last_values(g, role);
   s.nhwc_values = static_cast<std::size_t>(std::count(nhwc.begin(), nhwc.end(), true));
+  for (std::size_t i = 0; i < layout.size(); ++i)
+    if (nhwc[i]) layout[i] = detail::channels_last_layout(layout[i]);
   using hybra::detail::nn::Channels;
   for (auto& step : s.steps) {
     const auto i = static_cast<std::size_t>(step.node);
@@ -592,17 +605,25 @@ inline void Plan::build_epilogues(const std::vector<Tensor>& layout) {
       step.conv_layouts = {nhwc[static_cast<std::size_t>(n.inputs[0])] ? Channels::last : Channels::first,
                            nhwc[i] ? Channels::last : Channels::first};
     if (step.pool) step.pool->nhwc = nhwc[i];
-    if (step.kind == Kind::fused || !n.body) continue;
-    step.loop_inputs = {-1};
-    for (std::size_t k = graph::own_inputs(n); k < n.inputs.size(); ++k) step.loop_inputs.push_back(n.inputs[k]);
-    std::vector<Tensor> loop_in;
-    for (int k : step.loop_inputs) {
-      const auto v = static_cast<std::size_t>(k < 0 ? step.node : k);
-      loop_in.push_back(nhwc[i] || nhwc[v] ? detail::loop_layout(layout[v], layout[i].shape(), nhwc[v], nhwc[i]) : layout[v]);
+    if (step.kind == Kind::fused) {
+      if (!nhwc[i] && std::none_of(step.loop_inputs.begin(), step.loop_inputs.end(),
+                                   [&](int k) { return nhwc[static_cast<std::size_t>(k)]; }))
+        continue;
+    } else if (n.body) {
+      step.loop_inputs = {-1};
+      for (std::size_t k = graph::own_inputs(n); k < n.inputs.size(); ++k) step.loop_inputs.push_back(n.inputs[k]);
+    } else {
+      continue;
     }
+    std::vector<Tensor> loop_in;
     const Shape& shape = layout[i].shape();
-    step.loop = std::make_unique<backend::cpu::FusedLoop>(
-        detail::compile(*n.body), loop_in, nhwc[i] ? Shape{shape[0], shape[2], shape[3], shape[1]} : shape);
+    for (int k : step.loop_inputs) {
+      const Tensor& operand = layout[static_cast<std::size_t>(k < 0 ? step.node : k)];
+      loop_in.push_back(nhwc[i] ? detail::loop_layout(operand, shape) : operand);
+    }
+    backend::cpu::FusedProgram program = step.loop ? step.loop->program() : detail::compile(*n.body);
+    step.loop = std::make_unique<backend::cpu::FusedLoop>(std::move(program), loop_in,
+                                                          nhwc[i] ? Shape{shape[0], shape[2], shape[3], shape[1]} : shape);
   }
 }
 

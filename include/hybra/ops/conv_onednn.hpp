@@ -56,17 +56,18 @@ inline bool leaves_input_unread(const Conv2dGeometry& g) {
 // Where oneDNN wins (docs/benchmarks.md): ungrouped, undilated convolutions
 // into at least 64 filters. The forward pass needs at least 128
 // multiply-adds per output value: below that, reordering the result back to
-// NCHW costs more than oneDNN's kernel saves (VGG's first layer, ResNet-50's
-// 1x1 layers over 64 channels); into 32 filters it needs 1024 (DenseNet's
-// 3x3 layers over 128 channels). The gradients need a spatial kernel over at
-// least 64 channels, and the data gradient, whose sums run over the filters,
-// 128 filters. The rule reads the geometry alone, so that an eager op and a
-// captured graph pick the same kernel for the same convolution. Where the two
-// disagree, the plan's speed decides: a strided 1x1 layer (ResNet's
-// downsampling) reads a quarter of an input that an eager call reorders
-// whole, and loses there from 64 to 512 channels, while a plan that keeps
-// NHWC around it gains more (docs/benchmarks.md, "Channels last between
-// oneDNN's convolutions"): from 64 channels into 64 filters it is oneDNN's.
+// NCHW costs more than oneDNN's kernel saves (VGG's first layer); into 32
+// filters it needs 1024 (DenseNet's 3x3 layers over 128 channels). The
+// gradients need a spatial kernel over at least 64 channels, and the data
+// gradient, whose sums run over the filters, 128 filters. The rule reads the
+// geometry alone, so that an eager op and a captured graph pick the same
+// kernel for the same convolution. Where the two disagree, the plan's speed
+// decides: an eager call of a 1x1 layer over 64 to 96 channels, or of a
+// strided one (ResNet's downsampling, which reads a quarter of an input that
+// an eager call reorders whole) over up to 512, loses to hybra's kernel,
+// while a plan that keeps NHWC around it gains more (docs/benchmarks.md,
+// "Channels last between oneDNN's convolutions" and "Concatenations and loops
+// keep NHWC"): every 1x1 layer from 64 channels into 64 filters is oneDNN's.
 inline bool onednn_serves(ConvPass pass, const Conv2dGeometry& g) {
   if (!backend::cpu::onednn::enabled()) return false;
   if (g.groups != 1 || g.dh != 1 || g.dw != 1 || g.N * g.OH * g.OW == 0) return false;
@@ -74,8 +75,7 @@ inline bool onednn_serves(ConvPass pass, const Conv2dGeometry& g) {
   if (backend::cpu::onednn::use() == backend::cpu::onednn::Use::always) return true;
   const std::int64_t multiply_adds = g.C * g.KH * g.KW;
   if (pass == ConvPass::forward && g.F >= 32 && multiply_adds >= 1024) return true;
-  const bool strided_1x1 = g.KH * g.KW == 1 && (g.sh > 1 || g.sw > 1);
-  if (pass == ConvPass::forward && strided_1x1 && g.C >= 64 && g.F >= 64) return true;
+  if (pass == ConvPass::forward && g.KH * g.KW == 1 && g.C >= 64 && g.F >= 64) return true;
   if (g.F < 64) return false;
   switch (pass) {
     case ConvPass::forward: return multiply_adds >= 128;

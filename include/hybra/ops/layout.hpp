@@ -3,9 +3,11 @@
 // share the input's storage (reshape of contiguous data, every transpose and
 // slice) it is a view, as in NumPy, so these cost no copy; a view's layout is
 // then handled by whichever op reads it (fused loops take any strides).
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -194,11 +196,25 @@ inline std::vector<Tensor> concat_views(std::span<const Tensor> parts, const Ten
 // planned buffer no live value shares.
 inline void concat_into(std::span<const Tensor> parts, const Tensor& out, int ax) {
   const std::vector<Tensor> views = concat_views(parts, out, ax);
+  // Each copy walks out's dims in the order out lies in memory (a plan's NHWC
+  // value: channels innermost), so that it moves runs, not single elements.
+  std::vector<std::size_t> order(static_cast<std::size_t>(out.ndim()));
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return out.strides()[a] > out.strides()[b]; });
+  auto walked = [&](const Tensor& t) {
+    Shape shape;
+    Strides strides;
+    for (std::size_t d : order) {
+      shape.push_back(t.shape()[d]);
+      strides.push_back(t.strides()[d]);
+    }
+    return t.view(shape, strides, t.offset());
+  };
   for (std::size_t k = 0; k < parts.size(); ++k) {
     const Tensor& part = parts[k];
     const bool in_place = part.storage() == out.storage() && part.offset() == views[k].offset() &&
                           part.strides() == views[k].strides() && part.dtype() == out.dtype();
-    if (part.size() && !in_place) copy_into(part, views[k]);
+    if (part.size() && !in_place) copy_into(walked(part), walked(views[k]));
   }
 }
 }  // namespace detail
