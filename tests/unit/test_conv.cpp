@@ -150,6 +150,8 @@ TEST_CASE("conv2d matches the reference loop: stride, padding, dilation, groups,
       {{2, 256, 8, 6}, {64, 256, 1, 1}, 2, 0},   // ResNet-50 v1's strided 1x1: the last row and column unread
       {{2, 64, 7, 8}, {64, 64, 1, 1}, 2, 0, 1, 1, false},  // ResNet-18's, no bias: the last column unread
       {{2, 128, 9, 9}, {32, 128, 3, 3}, 1, 1},  // DenseNet's 3x3 layer: 32 filters over 128 channels
+      {{2, 512, 4, 3}, {512, 512, 3, 3}, 1, 1},  // a wide layer on few pixels: oneDNN's blocked layout
+      {{2, 64, 16, 16}, {96, 64, 1, 1}},           // a 1x1 layer over 64 channels
       {{4, 64, 16, 16}, {128, 64, 3, 3}, 1, 1, 1, 1, true, DType::float64},
   };
   for (const auto& c : cases) check_conv(c);

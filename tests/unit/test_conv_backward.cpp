@@ -360,13 +360,13 @@ TEST_CASE("conv2d gradients with NaN and infinity: as im2col, and no wide pixel 
 
 TEST_CASE("conv2d, its gradients and pooling gradients do not depend on the thread count, bit for bit") {
   ThreadCount restore;
-  // The third and the last five reach oneDNN where it is built in (ops/conv_onednn.hpp): the last its
-  // weight gradient cut by images, the others by filters.
+  // The third and the last six reach oneDNN where it is built in (ops/conv_onednn.hpp): the last its
+  // weight gradient cut by images, the others by filters; the sixth its forward pass on the blocked layout.
   const Geometry convs[] = {{37, 6, 14, 14, 16, 5, 5},        {9, 1, 28, 28, 6, 5, 5, 1, 2},
                             {3, 64, 12, 12, 64, 3, 3, 1, 1},  {5, 8, 15, 13, 12, 3, 3, 2, 1, 1, 2},
-                            {4, 64, 16, 16, 128, 3, 3, 1, 1}, {5, 64, 15, 15, 128, 3, 3, 2, 1},
-                            {7, 128, 9, 9, 64, 3, 3, 1, 1},   {2, 64, 8, 8, 80, 3, 3, 1, 1},
-                            {5, 64, 11, 11, 64, 1, 2}};
+                            {4, 64, 16, 16, 128, 3, 3, 1, 1}, {3, 512, 4, 4, 512, 3, 3, 1, 1},
+                            {5, 64, 15, 15, 128, 3, 3, 2, 1}, {7, 128, 9, 9, 64, 3, 3, 1, 1},
+                            {2, 64, 8, 8, 80, 3, 3, 1, 1},    {5, 64, 11, 11, 64, 1, 2}};
   for (const auto& g : convs) {
     CAPTURE(to_string(g.x()));
     CAPTURE(to_string(g.w()));

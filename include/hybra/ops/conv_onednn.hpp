@@ -11,7 +11,8 @@
 //
 // The forward pass reads and writes NHWC, its kernels' fastest layout with
 // the blocked ones (docs/benchmarks.md, "Channels last between oneDNN's
-// convolutions"): a captured plan hands it NHWC operands (ConvLayouts) and
+// convolutions"; wide layers on a few pixels run on the blocked layout,
+// wide_and_small): a captured plan hands it NHWC operands (ConvLayouts) and
 // keeps them so between convolutions, an eager call reorders NCHW to NHWC
 // and back. Both run the same primitive, so they give the same bits; with
 // oneDNN free to pick the layout its AVX2 kernels summed in another order
@@ -155,6 +156,13 @@ inline dnnl::memory wrap(const dnnl::memory::dims& d, tag t, const float* data) 
 
 inline tag activations(Channels c) { return c == Channels::last ? tag::nhwc : tag::nchw; }
 
+// Whether the forward pass runs on oneDNN's blocked layout (its kernel for
+// training, which oneDNN picks for it) rather than NHWC: wide layers on at
+// most 4 x 4 pixels (D2L's ResNet-18 on Fashion-MNIST's last stage), where
+// NHWC's kernel runs 1.6x slower (docs/benchmarks.md, "Wide layers on few
+// pixels"); the reorders around it move little.
+inline bool wide_and_small(const Conv2dGeometry& g) { return g.C >= 512 && g.OH * g.OW <= 16; }
+
 }  // namespace onednn_conv
 
 // out (N, F, OH, OW) = conv(x, w) + b (or no bias), x and out laid out as
@@ -168,7 +176,8 @@ inline void onednn_conv2d(const float* x, const float* w, const float* b, float*
   backend::cpu::onednn::guarded("conv2d", [&] {
     const o::Descs d(g, g.N);
     const auto& p = o::primitives().get(o::key(ConvPass::forward, g, g.N, threads, b != nullptr), [&] {
-      const auto pd = d.forward(dnnl::prop_kind::forward_inference, b != nullptr, o::tag::nhwc);
+      const auto pd = o::wide_and_small(g) ? d.forward(dnnl::prop_kind::forward_training, b != nullptr, o::tag::any)
+                                           : d.forward(dnnl::prop_kind::forward_inference, b != nullptr, o::tag::nhwc);
       return o::Primitive{dnnl::convolution_forward(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc(),
                           pd.scratchpad_desc()};
     });
