@@ -2,9 +2,10 @@
 // An optimised graph compiled for one device and one input signature: a list
 // of steps (fused loops, matrix products with their epilogues, pooling on a
 // CPU, ops that write into a given buffer (ops/op.hpp's eval_into) on a CPU,
-// and the eager op for anything else) over buffers planned ahead of time. A call is ONE engine op: it reads the inputs and parameters, writes
-// fresh output tensors and the plan's workspace (which also orders calls of
-// one plan).
+// and the eager op for anything else) over buffers planned ahead of time. A
+// call is ONE engine op: it reads the inputs and parameters, writes fresh
+// output tensors and the plan's workspace (which also orders calls of one
+// plan).
 //
 // On a GPU the fused loops are kernels generated from the same programs (one
 // NVRTC compile for the plan), fully_connected is one cuBLASLt GEMM whose
@@ -245,7 +246,7 @@ class Plan {
                 "freed by the worker, per call");
 
   void build();
-  void build_epilogues(std::vector<Tensor>& layout);
+  void build_layouts(std::vector<Tensor>& layout);
   void build_gpu(const std::vector<Tensor>& layout);
   static std::string_view kind_name(Kind k) {
     switch (k) {
@@ -477,7 +478,7 @@ inline void Plan::build() {
     }
     s.steps.push_back(std::move(step));
   }
-  build_epilogues(layout);
+  build_layouts(layout);
 
   // Lifetimes: a planned value lives from its step to the last step that
   // reads it or a view of it. Graph outputs get fresh tensors per call.
@@ -578,7 +579,7 @@ inline void Plan::build() {
 // that read or write them: the epilogues of product, launch and eager steps,
 // and the fused steps that touch an NHWC value. A loop reads its operands,
 // and writes the step's result, as they lie.
-inline void Plan::build_epilogues(std::vector<Tensor>& layout) {
+inline void Plan::build_layouts(std::vector<Tensor>& layout) {
   auto& s = *state_;
   const auto& g = s.graph;
   using detail::LayoutRole;
