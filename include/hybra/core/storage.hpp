@@ -1,7 +1,8 @@
 #pragma once
 // A reference-counted buffer on one device, with the engine var that orders
 // the ops reading and writing it (engine/var.hpp, which needs nothing from
-// core but its errors): 64-byte aligned host memory for cpu(i), a block of
+// core but its errors): 64-byte aligned host memory for cpu(i) (large
+// blocks kept for reuse: backend/cpu/host_memory.hpp), a block of
 // the GPU's caching allocator for cuda(i) (backend/cuda/memory.hpp), or
 // host memory someone else allocated (a user's buffer wrapped without a
 // copy, from_blob), handed back to its release function. A meta storage
@@ -14,6 +15,7 @@
 #include <memory>
 #include <new>
 
+#include "../backend/cpu/host_memory.hpp"
 #include "../backend/cuda/gpu.hpp"
 #include "../engine/var.hpp"
 #include "derived_forms.hpp"
@@ -38,7 +40,9 @@ class Storage {
       fail<DeviceError>("allocate: there is no device ", device, "; CPU devices are cpu(0) to cpu(", max_cpu_devices - 1, ")");
     std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     if (rounded < bytes) fail<OutOfMemory>("allocate: ", bytes, " bytes overflow the address space on ", device);
-    data_ = std::aligned_alloc(alignment, rounded ? rounded : alignment);
+    const auto block = backend::cpu::HostMemory::instance().allocate(rounded ? rounded : alignment);
+    data_ = block.pointer;
+    host_bytes_ = block.bytes;
     if (!data_) fail<OutOfMemory>("allocate: out of memory allocating ", bytes, " bytes on ", device);
   }
   // `bytes` at `data`, host memory of a CPU device that hybra did not
@@ -69,8 +73,8 @@ class Storage {
         }
       }
       gpu_memory_->release(reinterpret_cast<backend::cuda::CUdeviceptr>(data_));
-    } else {
-      std::free(data_);
+    } else if (data_) {
+      backend::cpu::HostMemory::instance().release(data_, host_bytes_);
     }
   }
 
@@ -93,7 +97,7 @@ class Storage {
  private:
   void* data_ = nullptr;
   backend::cuda::CachingAllocator* gpu_memory_ = nullptr;  // set for cuda(i)
-  std::size_t bytes_;
+  std::size_t bytes_, host_bytes_ = 0;
   Device device_;
   std::function<void(void*)> release_;  // of external memory
   bool external_ = false;

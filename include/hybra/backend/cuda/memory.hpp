@@ -1,7 +1,7 @@
 #pragma once
 // A GPU's caching allocator: cuMemAlloc and cuMemFree synchronise with the
 // device and cost tens of microseconds, so a freed block is kept and handed
-// to the next request it fits (wasting at most an eighth of it), as
+// to the next request it fits (core/block_cache.hpp), as
 // PyTorch's and MXNet's GPU pools do. When the device runs out, the cache is
 // returned to the driver and the request retried once; if it still fails,
 // OutOfMemory says how much was asked for, how much hybra holds and what the
@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 
+#include "../../core/block_cache.hpp"
 #include "../../core/device.hpp"
 #include "driver.hpp"
 
@@ -40,18 +41,16 @@ class CachingAllocator {
       fail<OutOfMemory>("allocate: ", bytes, " bytes overflow the address space on ", device_);
     const std::size_t size = block_size(bytes);
     std::lock_guard g(mutex_);
-    if (auto it = cached_.lower_bound(size); it != cached_.end() && it->first - size <= size / 8) {
-      CUdeviceptr p = it->second;
-      stats_.cached -= it->first;
-      stats_.in_use += it->first;
-      sizes_[p] = it->first;
-      cached_.erase(it);
-      return p;
+    if (auto b = cache_.take(size)) {
+      stats_.cached -= b->bytes;
+      stats_.in_use += b->bytes;
+      sizes_[b->pointer] = b->bytes;
+      return b->pointer;
     }
     cu_.check(cu_.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
     CUdeviceptr p = 0;
     CUresult r = cu_.cuMemAlloc(&p, size);
-    if (r == constant::out_of_memory && !cached_.empty()) {
+    if (r == constant::out_of_memory && !cache_.empty()) {
       return_cache_locked();
       r = cu_.cuMemAlloc(&p, size);
     }
@@ -83,7 +82,7 @@ class CachingAllocator {
     if (it == sizes_.end()) return;
     stats_.in_use -= it->second;
     stats_.cached += it->second;
-    cached_.emplace(it->second, p);
+    cache_.keep(p, it->second);
     sizes_.erase(it);
   }
 
@@ -102,11 +101,10 @@ class CachingAllocator {
   void return_cache_locked() {
     cu_.check(cu_.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
     cu_.cuStreamSynchronize(stream_);  // a cached block may be in use by work still queued (release)
-    for (auto& [size, p] : cached_) {
-      cu_.cuMemFree(p);
-      stats_.cached -= size;
+    while (auto b = cache_.take_largest()) {
+      cu_.cuMemFree(b->pointer);
+      stats_.cached -= b->bytes;
     }
-    cached_.clear();
   }
 
   const Driver& cu_;
@@ -114,7 +112,7 @@ class CachingAllocator {
   CUstream stream_;
   Device device_;
   mutable std::mutex mutex_;
-  std::multimap<std::size_t, CUdeviceptr> cached_;  // free blocks by size
+  BlockCache<CUdeviceptr> cache_;                   // free blocks
   std::map<CUdeviceptr, std::size_t> sizes_;        // blocks in use
   MemoryStats stats_;
 };
