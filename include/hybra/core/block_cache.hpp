@@ -5,6 +5,7 @@
 // the smallest kept block at least its size, unless that wastes more than an
 // eighth of the request. Not locked: its allocator is.
 #include <cstddef>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <utility>
