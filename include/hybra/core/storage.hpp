@@ -26,7 +26,7 @@ namespace hybra {
 
 class Storage {
  public:
-  static constexpr std::size_t alignment = 64;
+  static constexpr std::size_t alignment = backend::cpu::HostMemory::alignment;
 
   Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
     if (device == meta()) return;

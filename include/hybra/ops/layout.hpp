@@ -191,9 +191,8 @@ inline std::vector<Tensor> concat_views(std::span<const Tensor> parts, const Ten
   return views;
 }
 // Writes each part into its place in out along axis ax, converting to out's
-// dtype. A part that already lies there (a CPU plan's buffers: jit/plan.hpp)
-// is not copied. Parts never overlap out otherwise: out is fresh, or a
-// planned buffer no live value shares.
+// dtype. Parts never overlap out: out is fresh, or a CPU plan's buffer that
+// no live value shares (jit/plan.hpp).
 inline void concat_into(std::span<const Tensor> parts, const Tensor& out, int ax) {
   const std::vector<Tensor> views = concat_views(parts, out, ax);
   // Each copy walks out's dims in the order out lies in memory (a plan's NHWC
@@ -210,12 +209,8 @@ inline void concat_into(std::span<const Tensor> parts, const Tensor& out, int ax
     }
     return t.view(shape, strides, t.offset());
   };
-  for (std::size_t k = 0; k < parts.size(); ++k) {
-    const Tensor& part = parts[k];
-    const bool in_place = part.storage() == out.storage() && part.offset() == views[k].offset() &&
-                          part.strides() == views[k].strides() && part.dtype() == out.dtype();
-    if (part.size() && !in_place) copy_into(walked(part), walked(views[k]));
-  }
+  for (std::size_t k = 0; k < parts.size(); ++k)
+    if (parts[k].size()) copy_into(walked(parts[k]), walked(views[k]));
 }
 }  // namespace detail
 
