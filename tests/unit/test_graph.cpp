@@ -199,17 +199,34 @@ TEST_CASE("dead code elimination drops what no output needs") {
 
 TEST_CASE("elementwise fusion: a chain becomes one fused node; shared values and broadcasts stay outside") {
   auto x = sym::var("x", Shape{4, 8}), b = sym::var("b", Shape{8});
-  Symbol h = exp(x * 0.5);  // used twice: computed once, outside both groups
-  Symbol y = relu((h + b) * 2) - tanh(h);
-  auto g = graph::fuse_elementwise(graph::trace({y}));
-  CHECK(count_op(g, "fused") == 2);
+  Symbol h = exp(x * 0.5);  // read by two groups: computed once, outside both
+  Symbol y = relu((h + b) * 2), z = tanh(h) * 3;
+  auto g = graph::fuse_elementwise(graph::trace({y, z}));
+  CHECK(count_op(g, "fused") == 3);
   std::ostringstream os;
   os << g;
   CHECK(os.str().find("fused(%0) [exp(($0 * 0.5))]") != std::string::npos);
   std::unordered_map<std::string, Tensor> in{{"x", random_normal({4, 8})}, {"b", random_normal({8})}};
-  Tensor want = graph::run(graph::trace({y}), in)[0];
-  CHECK(max_rel_diff(graph::run(g, in)[0], want) == 0);
-  CHECK(max_rel_diff(planned(g, in)[0], want) <= 1e-6);
+  const auto want = graph::run(graph::trace({y, z}), in);
+  for (std::size_t k = 0; k < 2; ++k) {
+    CHECK(max_rel_diff(graph::run(g, in)[k], want[k]) == 0);
+    CHECK(max_rel_diff(planned(g, in)[k], want[k]) <= 1e-6);
+  }
+  // Rows shorter than a block (6 x 3 rows of 8 here): blocks span rows, reading a per-channel operand and a
+  // transposed one row by row, the others in place.
+  auto p = sym::var("p", Shape{8, 6, 3}), q = sym::var("q", Shape{3, 6, 8}), s = sym::var("s", Shape{8, 1, 1});
+  Symbol short_rows = p * s + transpose(q, {2, 1, 0}) - p * p;
+  const Tensor pv = random_normal({8, 6, 3}), qv = random_normal({3, 6, 8}), sv = random_normal({8, 1, 1});
+  const Tensor eager_rows = eval(pv * sv + transpose(qv, {2, 1, 0}) - pv * pv);  // a compiled kernel: no fused loop
+  CHECK(max_rel_diff(planned(graph::optimize(graph::trace({short_rows})), {{"p", pv}, {"q", qv}, {"s", sv}})[0],
+                     eager_rows) <= 1e-6);
+  // A value every reader of which is in one group joins it: one loop.
+  Symbol d = x * 0.5 + 1;
+  Symbol twice = (d * d + d) - x;
+  auto joined = graph::fuse_elementwise(graph::trace({twice}));
+  CHECK(count_op(joined, "fused") == 1);
+  CHECK(count_op(joined, "add") + count_op(joined, "multiply") + count_op(joined, "subtract") == 0);
+  CHECK(graph::run(joined, in)[0].to_vector<float>() == graph::run(graph::trace({twice}), in)[0].to_vector<float>());
   // Integer chains fuse as well, computing in their dtype as the eager ops do
   // (wrapping on overflow); an op that makes floats of integers stays out.
   auto i = sym::var("i", Shape{6}, DType::int32), j = sym::var("j", Shape{6}, DType::int32);

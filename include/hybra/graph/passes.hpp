@@ -284,9 +284,10 @@ inline Graph convert_operands(const Graph& g) {
   return out;
 }
 
-// Chains of elementwise nodes become one "fused" node: a node joins its
-// consumer's group when that is its only use and it has the group's shape
-// (a smaller, broadcast operand stays outside and is read with stride 0).
+// Chains of elementwise nodes become one "fused" node: a node joins the
+// group of its consumers when they all belong to one (x * x; (a + x) + x)
+// and it has the group's shape (a smaller, broadcast operand stays outside
+// and is read with stride 0).
 inline Graph fuse_elementwise(const Graph& g) {
   const auto users = detail::consumers(g);
   std::vector<int> group(g.nodes.size(), -1);
@@ -294,11 +295,12 @@ inline Graph fuse_elementwise(const Graph& g) {
     const Node& n = g.nodes[i];
     if (!fusable(g, n)) continue;
     group[i] = static_cast<int>(i);
-    if (users[i].size() == 1 && !detail::is_output(g, static_cast<int>(i))) {
-      const int user = users[i].front();
-      const int root = group[static_cast<std::size_t>(user)];
-      if (root >= 0 && g.nodes[static_cast<std::size_t>(root)].meta.shape == n.meta.shape) group[i] = root;
-    }
+    const auto& u = users[i];
+    if (u.empty() || detail::is_output(g, static_cast<int>(i))) continue;
+    const int root = group[static_cast<std::size_t>(u.front())];
+    const bool one_group =
+        std::all_of(u.begin(), u.end(), [&](int c) { return group[static_cast<std::size_t>(c)] == root; });
+    if (root >= 0 && one_group && g.nodes[static_cast<std::size_t>(root)].meta.shape == n.meta.shape) group[i] = root;
   }
   Graph out = g;
   for (std::size_t root = 0; root < g.nodes.size(); ++root) {
