@@ -427,6 +427,53 @@ TEST_CASE("a CPU plan writes each concat into its planned buffer, with the eager
   CHECK(plan({xv, yv})[0].to_vector<double>() == want.to_vector<double>());  // a second call, its buffers reused
 }
 
+TEST_CASE("a CPU plan sums a loop's value as it computes it, never writing it, with the bits of the loop written") {
+  auto x = sym::var("x", Shape{4, 6, 5, 7}), g = sym::var("g", Shape{1, 6, 1, 1});
+  auto y = sym::var("y", Shape{2, 70000}), z = sym::var("z", Shape{3, 50}, DType::float64);
+  Symbol c = x - mean(x, {0, 2, 3}, true);
+  std::vector<Symbol> loops{c * c, exp(x) * g, x * x * 3, y * 2 + 1, tanh(z) * z};
+  std::vector<Symbol> outs{
+      reshape(mean(loops[0], {0, 2, 3}, true), {6}),  // BatchNorm's variance (rows of 35), viewed by an output
+      sum(loops[1], {0}),                            // a reduced axis outside: rows of 210 columns
+      sum(loops[2]),                                 // everything, pairwise
+      sum(loops[3], {1}),                            // rows cut into pieces across threads
+      mean(loops[4], {1}),                           // float64
+      max(x * 2, {1}),                               // a max reads its loop's buffer
+      sum(sum(x - 1, {2}), {2}) * sum(sum(x - 1, {3}), {2}),  // a loop two sums read: written once
+      sum(c, {1}),                                   // a loop read by another loop too
+  };
+  const graph::Graph optimised = graph::optimize(graph::trace(outs));
+  jit::Plan plan(optimised, cpu(), false, "sums of loops");
+  // Planned: c, x * 2 and x - 1 (3392 bytes each: 840 floats) and the
+  // variance (64, an output views it); eager sums make their own. No loop
+  // a sum alone reads has a buffer.
+  CHECK(plan.unplanned_bytes() == 3 * 3392 + 64);
+  // The reference: the same plan with each of those loops also an output, so written and summed by the eager op.
+  std::vector<Symbol> with_loops = outs;
+  with_loops.insert(with_loops.end(), loops.begin(), loops.end());
+  const graph::Graph written = graph::optimize(graph::trace(with_loops));
+  const std::unordered_map<std::string, Tensor> in{{"x", random_normal({4, 6, 5, 7})},
+                                                   {"g", random_normal({1, 6, 1, 1})},
+                                                   {"y", random_normal({2, 70000})},
+                                                   {"z", random_normal({3, 50}).astype(DType::float64)}};
+  const auto want = planned(written, in);
+  const auto eager = graph::run(graph::trace(outs), in);
+  auto args = [&](const graph::Graph& gr) {
+    std::vector<Tensor> a;
+    for (int v : gr.vars()) a.push_back(in.at(gr.nodes[static_cast<std::size_t>(v)].name));
+    return a;
+  };
+  for (int call = 0; call < 2; ++call) {
+    const auto got = plan(args(optimised));
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      CAPTURE(k);
+      CHECK(got[k].shape() == want[k].shape());
+      CHECK(got[k].astype(DType::float64).to_vector<double>() == want[k].astype(DType::float64).to_vector<double>());
+      CHECK(max_rel_diff(got[k], eager[k]) <= 1e-5);  // the interpreter's exp and tanh may differ in the last bit
+    }
+  }
+}
+
 TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's peak shows it") {
   auto x = sym::var("x", Shape{16, 64});
   Symbol h = x;
@@ -443,12 +490,12 @@ TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's 
   CHECK(max_rel_diff(plan({in})[0], graph::run(graph::trace({h}), {{"x", in}})[0]) <= 1e-6);
   // A fused step writes in place of an input it reads for the last time.
   auto y = sym::var("y", Shape{1024});
-  Symbol a = exp(y), d = log(softmax(a)) * a;
-  jit::Plan chain(graph::optimize(graph::trace({sum(d)})), cpu(), false, "chain");
+  Symbol a = exp(y), d = log(softmax(a)) * a, e = d * sum(d);
+  jit::Plan chain(graph::optimize(graph::trace({e})), cpu(), false, "chain");
   CHECK(chain.unplanned_bytes() == 2 * 1024 * sizeof(float));
   CHECK(chain.peak_bytes() == 1024 * sizeof(float));
   Tensor yv = random_normal({1024});
-  CHECK(max_rel_diff(chain({yv})[0], graph::run(graph::trace({sum(d)}), {{"y", yv}})[0]) <= 1e-6);
+  CHECK(max_rel_diff(chain({yv})[0], graph::run(graph::trace({e}), {{"y", yv}})[0]) <= 1e-6);
 }
 
 TEST_CASE("a plan is a brief engine op when it touches at most 1 MiB and does at most 2^20 multiply-adds") {

@@ -120,14 +120,20 @@ struct strided_plan {
   // Writes each operand's element offset for work item `item` into off[]
   // (the output's last) and returns the item's length.
   std::int64_t locate(std::int64_t item, std::int64_t* off) const {
+    const std::int64_t from = (item % pieces_per_row) * piece;
+    locate_row(item / pieces_per_row, from, off);
+    return std::min(inner, from + piece) - from;
+  }
+
+  // Writes each operand's element offset for element `from` of row `row`
+  // (a row: `inner` elements) into off[].
+  void locate_row(std::int64_t row, std::int64_t from, std::int64_t* off) const {
     const std::size_t operands = strides.size();
-    const std::int64_t row = item / pieces_per_row, from = (item % pieces_per_row) * piece;
     for (std::size_t l = 0; l < operands; ++l) off[l] = from * inner_stride[l];
     for (std::int64_t r = row, d = static_cast<std::int64_t>(dims.size()) - 2; d >= 0; --d) {
       for (std::size_t l = 0; l < operands; ++l) off[l] += (r % dims[d]) * strides[l][d];
       r /= dims[d];
     }
-    return std::min(inner, from + piece) - from;
   }
 };
 

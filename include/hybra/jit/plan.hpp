@@ -2,7 +2,9 @@
 // An optimised graph compiled for one device and one input signature: a list
 // of steps (fused loops, matrix products with their epilogues, pooling on a
 // CPU, ops that write into a given buffer (ops/op.hpp's eval_into) on a CPU,
-// and the eager op for anything else) over buffers planned ahead of time. A
+// sums and means on a CPU that compute a loop's value as they read it, never
+// writing it, and the eager op for anything else) over buffers planned ahead
+// of time. A
 // call is ONE engine op: it reads the inputs and parameters, writes fresh
 // output tensors and the plan's workspace (which also orders calls of one
 // plan).
@@ -51,6 +53,7 @@
 #include "../backend/cuda/layout.hpp"
 #include "../backend/cuda/random.hpp"
 #include "../expr/cuda_elementwise.hpp"
+#include "../ops/reduce.hpp"
 #include "channels_last.hpp"
 
 namespace hybra::jit {
@@ -130,12 +133,43 @@ class Plan {
   int graphs_recorded() const { return state_->replay.recorded; }
 
  private:
-  enum class Kind { input, constant, fused, product, pool, into, launch, eager };
+  // reduce: a sum or mean whose operand is a loop only it reads (on a CPU),
+  // which it computes run by run as it reads it (the eager sum's order, so
+  // the eager bits); the loop's own step is then `read`: no work, no buffer.
+  enum class Kind { input, constant, fused, product, pool, into, reduce, read, launch, eager };
   // A pool step's kernel: pool2d (or pool2d_nhwc, where its operands lie NHWC).
   struct Pooling {
     hybra::detail::nn::Pool2dGeometry geometry;
     bool max, count_include_pad;
     bool nhwc = false;
+  };
+  // A reduce step's reduction: ops/reduce.hpp's runs of its operand.
+  struct Reducing {
+    std::vector<hybra::detail::reduce::run> runs;
+    std::int64_t count;
+    bool mean;
+    // The loop's value, which in[k] (its operands) make, reduced into out.
+    void run(const backend::cpu::FusedLoop& loop, const void* const* in, const Tensor& out) const {
+      dispatch(loop.program().dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (std::is_floating_point_v<T>) {
+          const LoopValues<T> values{loop, reinterpret_cast<const T* const*>(in)};
+          namespace reduce = hybra::detail::reduce;
+          if (mean) reduce::reduce_into<reduce::Reduction::mean>(values, out, runs, count);
+          else reduce::reduce_into<reduce::Reduction::sum>(values, out, runs, count);
+        }
+      });
+    }
+  };
+  // A loop's value as ops/reduce.hpp's source: computed run by run.
+  template <class T>
+  struct LoopValues {
+    static_assert(backend::cpu::FusedLoop::Reader<T>::capacity >= hybra::detail::reduce::longest_run,
+                  "a loop's Reader must hold the longest run a sum reads at once");
+    using value_type = T;
+    const backend::cpu::FusedLoop& loop;
+    const T* const* in;
+    backend::cpu::FusedLoop::Reader<T> open() const { return {loop, in}; }
   };
   struct Step {
     Kind kind;
@@ -146,6 +180,7 @@ class Plan {
     hybra::detail::nn::ConvLayouts conv_layouts{};            // and where its input and result keep their channels
     std::optional<Pooling> pool{};                            // a pool step's
     decltype(graph::OpDef::eval_into) into = nullptr;         // an into step's op
+    std::optional<Reducing> reducing{};                       // a reduce step's
     bool view = false;                // an eager step whose value is a view of an input (no work)
     // On a GPU: the loop's kernel (its name until the plan's program is
     // loaded), and a product's GEMM, whose epilogue may have taken the loop's.
@@ -246,6 +281,9 @@ class Plan {
                 "freed by the worker, per call");
 
   void build();
+  static std::optional<Reducing> reduction_of_loop(const graph::Graph& g, std::size_t i,
+                                                   const std::vector<std::vector<int>>& users,
+                                                   const std::vector<Step>& steps);
   void build_layouts(std::vector<Tensor>& layout);
   void build_gpu(const std::vector<Tensor>& layout);
   static std::string_view kind_name(Kind k) {
@@ -256,6 +294,8 @@ class Plan {
       case Kind::product: return "product";
       case Kind::pool: return "pool";
       case Kind::into: return "into";
+      case Kind::reduce: return "reduce";
+      case Kind::read: return "read";
       case Kind::launch: return "launch";
       case Kind::eager: return "eager";
     }
@@ -266,7 +306,7 @@ class Plan {
     const auto& s = *state_;
     std::string counts;
     std::ptrdiff_t work = 0;
-    for (Kind k : {Kind::fused, Kind::product, Kind::pool, Kind::into, Kind::launch, Kind::eager}) {
+    for (Kind k : {Kind::fused, Kind::product, Kind::pool, Kind::into, Kind::reduce, Kind::launch, Kind::eager}) {
       const auto n = std::count_if(s.steps.begin(), s.steps.end(), [k](const Step& step) { return step.kind == k; });
       if (n) counts += hybra::detail::concat(counts.empty() ? "" : ", ", n, ' ', kind_name(k));
       work += n;
@@ -402,10 +442,34 @@ inline bool is_brief(const graph::Graph& g, const std::vector<Tensor>& layout) {
 
 }  // namespace detail
 
+// Node i as a reduce step: a sum or mean (on a CPU) of a float loop's value
+// that only it reads, not an output, with at least two elements to each
+// result (the eager op's special cases stay its own).
+inline std::optional<Plan::Reducing> Plan::reduction_of_loop(const graph::Graph& g, std::size_t i,
+                                                             const std::vector<std::vector<int>>& users,
+                                                             const std::vector<Step>& steps) {
+  const auto& n = g.nodes[i];
+  if ((n.op != "sum" && n.op != "mean") || n.body) return std::nullopt;
+  const int operand = n.inputs.front();
+  const auto j = static_cast<std::size_t>(operand);
+  const Shape& shape = *g.nodes[j].meta.shape;
+  const DType dtype = *g.nodes[j].meta.dtype;
+  if (steps[j].kind != Kind::fused || users[j].size() != 1 || graph::detail::is_output(g, operand) ||
+      !is_floating(dtype) || is_half(dtype) || n.meta.dtype != dtype || checked_numel(*n.meta.shape) == 0)
+    return std::nullopt;
+  const auto mask = hybra::detail::reduce::axis_mask(shape, op::optional_tuple_attr(n.attrs, "axis", n.op), n.op);
+  std::int64_t count = 1;
+  for (std::size_t d = 0; d < shape.size(); ++d)
+    if (mask[d]) count *= shape[d];
+  if (count < 2) return std::nullopt;
+  return Reducing{hybra::detail::reduce::collapse(shape, mask), count, n.op == "mean"};
+}
+
 inline void Plan::build() {
   auto& s = *state_;
   const auto& g = s.graph;
   const std::size_t count = g.nodes.size();
+  const auto users = graph::detail::consumers(g);
   // Layouts: a meta tensor per node, with the strides its value will have.
   std::vector<Tensor> layout(count);
   std::vector<int> alias(count, -1);  // a view of which node's buffer
@@ -419,6 +483,7 @@ inline void Plan::build() {
     for (int k : n.inputs) in.push_back(layout[static_cast<std::size_t>(k)]);
     Kind kind;
     std::optional<backend::cuda::CudaLaunch> launch;
+    std::optional<Reducing> reducing;
     if (n.op == "var") {
       kind = Kind::input;
     } else if (n.op == "const" || n.op == "scalar") {
@@ -432,6 +497,8 @@ inline void Plan::build() {
       kind = Kind::eager;  // the 16-bit floats: the eager op computes them in float32 (ops/half.hpp)
     } else if (s.device.kind == DeviceKind::cpu && graph::find_op(n.op).eval_into) {
       kind = Kind::into;  // into its planned buffer: a fresh tensor per call costs its page faults
+    } else if (s.device.kind == DeviceKind::cpu && (reducing = reduction_of_loop(g, i, users, s.steps))) {
+      kind = Kind::reduce;
     } else {
       // On a GPU, fully_connected of a 2-d input is a product step (cuBLASLt);
       // other ops run their launches where they have them, else their eager op.
@@ -451,7 +518,7 @@ inline void Plan::build() {
     } else {
       layout[i] = Tensor(*n.meta.shape, *n.meta.dtype, meta());
       planned[i] = kind == Kind::fused || kind == Kind::product || kind == Kind::pool || kind == Kind::into ||
-                   kind == Kind::launch || (kind == Kind::eager && n.body);
+                   kind == Kind::reduce || kind == Kind::launch || (kind == Kind::eager && n.body);
     }
     Step step{.kind = kind, .node = static_cast<int>(i)};
     step.view = kind == Kind::eager && alias[i] >= 0;
@@ -462,6 +529,14 @@ inline void Plan::build() {
     s.draw_blocks += graph::detail::draw_blocks(n, s.training);
     step.launch = std::move(launch);
     if (kind == Kind::into) step.into = graph::find_op(n.op).eval_into;
+    if (kind == Kind::reduce) {
+      Step& read = s.steps[static_cast<std::size_t>(n.inputs.front())];
+      read.kind = Kind::read;
+      planned[static_cast<std::size_t>(read.node)] = false;
+      step.loop = std::move(read.loop);
+      step.loop_inputs = std::move(read.loop_inputs);
+      step.reducing = std::move(reducing);
+    }
     if (kind == Kind::product && n.op == "conv2d") step.conv = detail::conv2d_geometry(n, in);
     if (kind == Kind::pool) {
       const auto w = hybra::detail::nn::PoolWindow::read(n.attrs, n.op);
@@ -491,8 +566,13 @@ inline void Plan::build() {
   // reads that value at the index it writes: through a view (a broadcast,
   // say), at another shape or in another layout it would read elements it
   // already overwrote, so such a value lives one step longer.
+  // A reduce step reads its loop's operands; a read step reads nothing.
+  auto reads = [&](std::size_t i) -> std::span<const int> {
+    if (s.steps[i].kind == Kind::read) return {};
+    return s.steps[i].kind == Kind::reduce ? s.steps[i].loop_inputs : g.nodes[i].inputs;
+  };
   for (std::size_t i = 0; i < count; ++i)
-    for (int k : g.nodes[i].inputs) {
+    for (int k : reads(i)) {
       const Tensor& read = layout[static_cast<std::size_t>(k)];
       const bool in_step = owner(k) == static_cast<std::size_t>(k) && read.shape() == layout[i].shape() &&
                            read.strides() == layout[i].strides();
@@ -512,10 +592,20 @@ inline void Plan::build() {
   std::vector<std::size_t> live;
   std::size_t end = 0;
   constexpr std::size_t align = Storage::alignment;
+  auto bytes_of = [&](std::size_t i) {
+    return (static_cast<std::size_t>(layout[i].size()) * size_of(layout[i].dtype()) + align - 1) / align * align;
+  };
+  // Values an output views live to the call's end: they take slices after
+  // the shared ones, where they split no free slice.
+  std::vector<std::size_t> to_the_end;
   for (std::size_t i = 0; i < count; ++i) {
     if (!planned[i]) continue;
-    const std::size_t bytes = (static_cast<std::size_t>(layout[i].size()) * size_of(layout[i].dtype()) + align - 1) / align * align;
+    const std::size_t bytes = bytes_of(i);
     s.unplanned_bytes += bytes;
+    if (last_use[i] >= count) {
+      to_the_end.push_back(i);
+      continue;
+    }
     // An elementwise step reads each input at the index it writes, so an
     // input read for the last time here may be overwritten; a product may not.
     const bool in_place = s.steps[i].kind == Kind::fused;
@@ -541,6 +631,10 @@ inline void Plan::build() {
       end += bytes;
     }
     live.push_back(i);
+  }
+  for (std::size_t i : to_the_end) {
+    slice[i] = {end, bytes_of(i)};
+    end += slice[i].bytes;
   }
   std::size_t scratch_bytes = 0;
   for (const auto& step : s.steps)
@@ -606,6 +700,8 @@ inline void Plan::build_layouts(std::vector<Tensor>& layout) {
       step.conv_layouts = {nhwc[static_cast<std::size_t>(n.inputs[0])] ? Channels::last : Channels::first,
                            nhwc[i] ? Channels::last : Channels::first};
     if (step.pool) step.pool->nhwc = nhwc[i];
+    // A reduce step's loop reads its operands NCHW: its read step, a fixed one, reads them.
+    if (step.kind == Kind::read || step.kind == Kind::reduce) continue;
     if (step.kind == Kind::fused) {
       if (!nhwc[i] && std::none_of(step.loop_inputs.begin(), step.loop_inputs.end(),
                                    [&](int k) { return nhwc[static_cast<std::size_t>(k)]; }))
@@ -729,6 +825,16 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
         run_loop(step, {}, target(i));
         values[i] = &target(i);
         break;
+      case Kind::read:
+        break;
+      case Kind::reduce: {
+        const Tensor& dst = target(i);
+        boost::container::small_vector<const void*, 8> ptrs;
+        for (int k : step.loop_inputs) ptrs.push_back(values[static_cast<std::size_t>(k)]->raw_data());
+        step.reducing->run(*step.loop, ptrs.data(), dst);
+        values[i] = &dst;
+        break;
+      }
       case Kind::product: {
         const Tensor& dst = target(i);
         const Tensor& x = *values[static_cast<std::size_t>(n.inputs[0])];
@@ -821,7 +927,7 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
         break;
       }
     }
-    if (timed && step.kind != Kind::input && step.kind != Kind::constant) {
+    if (timed && step.kind != Kind::input && step.kind != Kind::constant && step.kind != Kind::read) {
       const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - started;
       times += hybra::detail::concat("\n  step ", &step - steps.data(), ' ', kind_name(step.kind), ' ', n.op, ": ",
                                      took.count(), " us");

@@ -55,18 +55,39 @@ HYBRA_HD Acc load(In v) {
   else return static_cast<Acc>(v);
 }
 
-inline constexpr i64 pairwise_block = 128;
+// Where a reduction reads its operand, a contiguous block: from memory, or
+// computed run by run (a CPU plan's sum of a loop's value, which is never
+// written: backend/cpu/fused_loop.hpp's Reader, jit/plan.hpp). Each thread
+// reads through its own cursor: run(at, n) gives elements [at, at + n).
+template <class T>
+struct in_memory {
+  using value_type = T;
+  struct cursor {
+    const T* x;
+    const T* run(i64 at, i64) const { return x + at; }
+  };
+  const T* x;
+  cursor open() const { return {x}; }
+};
 
-template <class Acc, class In>
-Acc pairwise_sum(const In* p, i64 n) {
+inline constexpr i64 pairwise_block = 128;
+// The most elements a sum or mean asks a cursor for at once: a row's columns
+// (reduce_3d's task width) or a pairwise block.
+inline constexpr i64 longest_run = 1024;
+
+// Elements [at, at + n) summed pairwise; a computed operand is asked for
+// runs of at most pairwise_block elements.
+template <class Acc, class Cursor>
+Acc pairwise_sum(Cursor& cur, i64 at, i64 n) {
   if (n <= pairwise_block) {
+    const auto* p = cur.run(at, n);
     Acc s = 0;
 #pragma omp simd reduction(+ : s)
     for (i64 i = 0; i < n; ++i) s += load<Acc>(p[i]);
     return s;
   }
   const i64 half = n / 2 / 16 * 16;
-  return pairwise_sum<Acc>(p, half) + pairwise_sum<Acc>(p + half, n - half);
+  return pairwise_sum<Acc>(cur, at, half) + pairwise_sum<Acc>(cur, at + half, n - half);
 }
 
 // v replaces acc when it is more extreme or NaN; a NaN acc stays, so NaN
@@ -101,15 +122,16 @@ T row_extreme(const T* p, i64 n) {
   return m;
 }
 
-// A policy reduces a contiguous row (row), accumulates whole rows
-// elementwise (first_row, next_row; r is the row's index along the reduced
-// axis) and combines two partial results in order (combine).
+// A policy reduces a contiguous row, elements [at, at + n) of a cursor
+// (row), accumulates whole rows elementwise (first_row, next_row; r is the
+// row's index along the reduced axis) and combines two partial results in
+// order (combine).
 template <class Acc>
 struct sum_op {
   using acc = Acc;
-  template <class In>
-  static Acc row(const In* p, i64 n, i64) {
-    return pairwise_sum<Acc>(p, n);
+  template <class Cursor>
+  static Acc row(Cursor& cur, i64 at, i64 n, i64) {
+    return pairwise_sum<Acc>(cur, at, n);
   }
   template <class In>
   static void first_row(Acc* o, const In* p, i64 n, i64) {
@@ -127,7 +149,10 @@ struct sum_op {
 template <class T, bool Max>
 struct extreme_op {
   using acc = T;
-  static T row(const T* p, i64 n, i64) { return row_extreme<Max>(p, n); }
+  template <class Cursor>
+  static T row(Cursor& cur, i64 at, i64 n, i64) {
+    return row_extreme<Max>(cur.run(at, n), n);
+  }
   static void first_row(T* o, const T* p, i64 n, i64) { std::copy_n(p, n, o); }
   static void next_row(T* o, const T* p, i64 n, i64) {
 #pragma omp simd
@@ -149,7 +174,9 @@ struct argmax_op {
   static bool better(T v, T best) { return v > best || (v != v && best == best); }
   // The maximum is found vectorised, then its first position: a block of
   // 16 at a time is tested with one vector compare, then the hit block.
-  static acc row(const T* p, i64 n, i64 first) {
+  template <class Cursor>
+  static acc row(Cursor& cur, i64 at, i64 n, i64 first) {
+    const T* p = cur.run(at, n);
     const T m = row_extreme<true>(p, n);
     auto find = [&](auto is_max) {
       i64 i = 0;
@@ -175,10 +202,10 @@ struct argmax_op {
   static acc combine(acc a, acc b) { return better(b.value, a.value) ? b : a; }
 };
 
-// Reduces x, a contiguous (O, R, I) block with R >= 1, over its middle axis
-// into out, a contiguous (O, I) block.
-template <class P, class In>
-void reduce_3d(const In* x, typename P::acc* out, i64 O, i64 R, i64 I) {
+// Reduces x, a contiguous (O, R, I) block with R >= 1 (a source, above),
+// over its middle axis into out, a contiguous (O, I) block.
+template <class P, class Source>
+void reduce_3d(const Source& x, typename P::acc* out, i64 O, i64 R, i64 I) {
   using Acc = typename P::acc;
   // With fewer independent outputs (or column blocks) than `few`, the reduced
   // axis is cut into pieces of at least `task` elements so all threads work.
@@ -188,15 +215,17 @@ void reduce_3d(const In* x, typename P::acc* out, i64 O, i64 R, i64 I) {
     const i64 pieces = (R + len - 1) / len;
     if (pieces == 1) {
       backend::cpu::parallel_for(O, R, [&](i64 first, i64 last) {
-        for (i64 o = first; o < last; ++o) out[o] = P::row(x + o * R, R, 0);
+        auto cur = x.open();
+        for (i64 o = first; o < last; ++o) out[o] = P::row(cur, o * R, R, 0);
       });
       return;
     }
     std::vector<Acc> part(static_cast<std::size_t>(O * pieces));
     backend::cpu::parallel_for(O * pieces, len, [&](i64 first, i64 last) {
+      auto cur = x.open();
       for (i64 t = first; t < last; ++t) {
         const i64 o = t / pieces, r0 = (t % pieces) * len;
-        part[static_cast<std::size_t>(t)] = P::row(x + o * R + r0, std::min(len, R - r0), r0);
+        part[static_cast<std::size_t>(t)] = P::row(cur, o * R + r0, std::min(len, R - r0), r0);
       }
     });
     for (i64 o = 0; o < O; ++o) {
@@ -206,20 +235,21 @@ void reduce_3d(const In* x, typename P::acc* out, i64 O, i64 R, i64 I) {
     }
     return;
   }
-  const i64 width = std::min<i64>(I, 1024);  // columns per task
+  const i64 width = std::min(I, longest_run);  // columns per task
   const i64 blocks = (I + width - 1) / width;
   const i64 len = O * blocks >= few ? R : std::max((task + width - 1) / width, (R + max_pieces - 1) / max_pieces);
   const i64 pieces = (R + len - 1) / len;
   std::vector<Acc> part(pieces > 1 ? static_cast<std::size_t>(O * pieces * I) : 0);
   backend::cpu::parallel_for(O * blocks * pieces, len * width, [&](i64 first, i64 last) {
+    auto cur = x.open();
     for (i64 t = first; t < last; ++t) {
       const i64 c = t % pieces, block = (t / pieces) % blocks, o = t / pieces / blocks;
       const i64 j0 = block * width, n = std::min(width, I - j0);
       const i64 r0 = c * len, r1 = std::min(R, r0 + len);
       Acc* dst = pieces == 1 ? out + o * I + j0 : part.data() + (o * pieces + c) * I + j0;
-      const In* src = x + o * R * I + j0;
-      P::first_row(dst, src + r0 * I, n, r0);
-      for (i64 r = r0 + 1; r < r1; ++r) P::next_row(dst, src + r * I, n, r);
+      const i64 at = o * R * I + j0;
+      P::first_row(dst, cur.run(at + r0 * I, n), n, r0);
+      for (i64 r = r0 + 1; r < r1; ++r) P::next_row(dst, cur.run(at + r * I, n), n, r);
     }
   });
   if (pieces == 1) return;
@@ -271,14 +301,15 @@ inline std::vector<std::array<i64, 3>> passes(std::vector<run> runs) {
   return blocks;
 }
 
-template <class P, class T>
-std::vector<typename P::acc> reduce_runs(const T* x, const std::vector<run>& runs) {
-  std::vector<typename P::acc> cur;
+template <class P, class Source>
+std::vector<typename P::acc> reduce_runs(const Source& x, const std::vector<run>& runs) {
+  using Acc = typename P::acc;
+  std::vector<Acc> cur;
   bool first = true;
   for (const auto& [O, R, I] : passes(runs)) {
-    std::vector<typename P::acc> next(static_cast<std::size_t>(O * I));
+    std::vector<Acc> next(static_cast<std::size_t>(O * I));
     if (first) reduce_3d<P>(x, next.data(), O, R, I);
-    else reduce_3d<P>(cur.data(), next.data(), O, R, I);
+    else reduce_3d<P>(in_memory<Acc>{cur.data()}, next.data(), O, R, I);
     cur = std::move(next);
     first = false;
   }
@@ -360,31 +391,30 @@ inline std::optional<backend::cuda::CudaLaunch> cuda_argmax_launch(const Tensor&
   return cuda_reduction(Reduction::argmax, "argmax", x.dtype(), {argmax_block(x.shape(), axis)}, gpu);
 }
 
-// Reduces the contiguous tensor xc, whose dims collapse to `runs`, into out;
-// `count` elements reduce into each output element.
-template <Reduction K>
-void reduce_into(const Tensor& xc, const Tensor& out, const std::vector<run>& runs, i64 count) {
-  dispatch(xc.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* p = static_cast<const T*>(xc.raw_data());
-    auto write = [&](const auto& values, auto convert) {
-      using O = decltype(convert(values[0]));
-      O* dst = static_cast<O*>(out.raw_data());
-      backend::cpu::parallel_for(out.size(), 1, [&](i64 first, i64 last) {
-        for (i64 i = first; i < last; ++i) dst[i] = convert(values[static_cast<std::size_t>(i)]);
-      });
-    };
-    if constexpr (K == Reduction::sum) {
-      using Acc = std::conditional_t<std::is_floating_point_v<T>, double, std::uint64_t>;
-      using O = std::conditional_t<std::is_floating_point_v<T>, T, std::int64_t>;
-      write(reduce_runs<sum_op<Acc>>(p, runs), [](Acc v) { return static_cast<O>(v); });
-    } else if constexpr (K == Reduction::mean) {
-      const double n = static_cast<double>(count);
-      write(reduce_runs<sum_op<double>>(p, runs), [n](double v) { return static_cast<floating_t<T>>(v / n); });
-    } else {
-      write(reduce_runs<extreme_op<T, K == Reduction::max>>(p, runs), [](T v) { return v; });
-    }
-  });
+// Reduces the contiguous operand x (a source, above), whose dims collapse to
+// `runs`, into out; `count` elements reduce into each output element. A sum
+// or a mean asks a cursor for at most longest_run elements at once; a max or
+// min for whole rows.
+template <Reduction K, class Source>
+void reduce_into(const Source& x, const Tensor& out, const std::vector<run>& runs, i64 count) {
+  using T = typename Source::value_type;
+  auto write = [&](const auto& values, auto convert) {
+    using O = decltype(convert(values[0]));
+    O* dst = static_cast<O*>(out.raw_data());
+    backend::cpu::parallel_for(out.size(), 1, [&](i64 first, i64 last) {
+      for (i64 i = first; i < last; ++i) dst[i] = convert(values[static_cast<std::size_t>(i)]);
+    });
+  };
+  if constexpr (K == Reduction::sum) {
+    using Acc = std::conditional_t<std::is_floating_point_v<T>, double, std::uint64_t>;
+    using O = std::conditional_t<std::is_floating_point_v<T>, T, std::int64_t>;
+    write(reduce_runs<sum_op<Acc>>(x, runs), [](Acc v) { return static_cast<O>(v); });
+  } else if constexpr (K == Reduction::mean) {
+    const double n = static_cast<double>(count);
+    write(reduce_runs<sum_op<double>>(x, runs), [n](double v) { return static_cast<floating_t<T>>(v / n); });
+  } else {
+    write(reduce_runs<extreme_op<T, K == Reduction::max>>(x, runs), [](T v) { return v; });
+  }
 }
 
 template <Reduction K>
@@ -422,7 +452,10 @@ Tensor reduce(const Tensor& x, const std::optional<std::vector<i64>>& axes, bool
     return out;
   }
   push_op(op, {xc}, {out}, [xc, out, runs = collapse(shape, mask), count] {
-    reduce_into<K>(xc, out, runs, count);
+    dispatch(xc.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      reduce_into<K>(in_memory<T>{static_cast<const T*>(xc.raw_data())}, out, runs, count);
+    });
   });
   return out;
 }
@@ -521,7 +554,7 @@ Tensor argmax(X&& x_in, std::optional<std::int64_t> axis = std::nullopt, bool ke
       using T = typename decltype(tag)::type;
       using P = detail::reduce::argmax_op<T>;
       std::vector<typename P::acc> found(static_cast<std::size_t>(O * I));
-      detail::reduce::reduce_3d<P>(static_cast<const T*>(xc.raw_data()), found.data(), O, R, I);
+      detail::reduce::reduce_3d<P>(detail::reduce::in_memory<T>{static_cast<const T*>(xc.raw_data())}, found.data(), O, R, I);
       auto* dst = static_cast<std::int64_t*>(out.raw_data());
       for (std::size_t i = 0; i < found.size(); ++i) dst[i] = found[i].index;
     });

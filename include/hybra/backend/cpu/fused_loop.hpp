@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -92,6 +93,8 @@ class FusedLoop {
     for (const auto& t : input_layouts) leaves.push_back(&t);
     plan_ = std::make_shared<hybra::detail::strided_plan>(leaves, out);
     size_ = out.size();
+    const auto& plan = *plan_;
+    for (std::size_t k = 0; k < input_layouts.size(); ++k) dense_.push_back(plan.strides[k] == plan.strides.back());
   }
 
   const FusedProgram& program() const { return p_; }
@@ -105,56 +108,153 @@ class FusedLoop {
   }
 
  private:
+  // One thread's registers: the constants' blocks, filled once, and a block
+  // per input and instruction. Kept between calls per thread, so that a
+  // call of a small plan allocates nothing (so a thread has one Registers
+  // at a time).
+  template <class T>
+  class Registers {
+   public:
+    explicit Registers(const FusedProgram& p) : p_(p), filled_(static_cast<std::size_t>(p.inputs), nullptr) {
+      thread_local std::vector<T> scratch;
+      thread_local std::vector<const T*> r;
+      const auto regs = static_cast<std::size_t>(p.registers);
+      if (scratch.size() < regs * detail::block) scratch.resize(regs * detail::block);
+      if (r.size() < regs) r.resize(regs);
+      scratch_ = scratch.data();
+      r_ = r.data();
+      for (const auto& c : p.constants) {
+        std::fill_n(buf(c.reg), detail::block, std::is_integral_v<T> ? static_cast<T>(c.integer) : static_cast<T>(c.real));
+        r_[c.reg] = buf(c.reg);
+      }
+    }
+
+    // Runs the program over the n <= block elements from element b of the
+    // run whose operands start at off[], into dst.
+    void block(const hybra::detail::strided_plan& plan, const T* const* in, const std::int64_t* off, std::int64_t b,
+               std::int64_t n, T* dst) {
+      for (int k = 0; k < p_.inputs; ++k) {
+        const auto ks = static_cast<std::size_t>(k);
+        const std::int64_t s = plan.inner_stride[ks];
+        const T* src = in[k] + off[ks] + b * s;
+        if (s == 1) {
+          r_[k] = src;
+        } else if (s == 0) {
+          // A broadcast input (a per-channel scale, say) holds one value over a run's blocks: its
+          // register is filled when that value's address changes, not per block.
+          if (filled_[ks] != src) std::fill_n(buf(k), detail::block, *src);
+          filled_[ks] = src;
+          r_[k] = buf(k);
+        } else {
+          T* d = buf(k);
+          for (std::int64_t i = 0; i < n; ++i) d[i] = src[i * s];
+          r_[k] = d;
+        }
+      }
+      execute(n, dst);
+    }
+
+    // Runs the program over the n <= block elements from element `at` of
+    // the result, which may cross rows (rows shorter than a block): inputs
+    // that lie as the result does are read in place, the others gathered
+    // row by row. off: room for an offset per operand.
+    void span(const hybra::detail::strided_plan& plan, std::span<const bool> dense, const T* const* in, std::int64_t at,
+              std::int64_t n, T* dst, std::int64_t* off) {
+      for (std::int64_t pos = at; pos < at + n;) {
+        const std::int64_t row = pos / plan.inner, from = pos % plan.inner;
+        const std::int64_t len = std::min(at + n - pos, plan.inner - from);
+        plan.locate_row(row, from, off);
+        for (int k = 0; k < p_.inputs; ++k) {
+          const auto ks = static_cast<std::size_t>(k);
+          if (dense[ks]) continue;
+          const T* src = in[k] + off[ks];
+          T* d = buf(k) + (pos - at);
+          if (const std::int64_t s = plan.inner_stride[ks]; s == 0) std::fill_n(d, len, *src);
+          else for (std::int64_t i = 0; i < len; ++i) d[i] = src[i * s];
+        }
+        pos += len;
+      }
+      for (int k = 0; k < p_.inputs; ++k) r_[k] = dense[static_cast<std::size_t>(k)] ? in[k] + at : buf(k);
+      std::fill(filled_.begin(), filled_.end(), nullptr);
+      execute(n, dst);
+    }
+
+   private:
+    void execute(std::int64_t n, T* dst) {
+      const auto& fns = detail::block_fns<T>();
+      for (const auto& ins : p_.code) {
+        T* d = ins.dst == p_.result ? dst : buf(ins.dst);
+        const T* operands[3] = {r_[ins.src[0]], r_[ins.src[1]], r_[ins.src[2]]};
+        fns[static_cast<std::size_t>(ins.op)](d, operands, n);
+        r_[ins.dst] = d;
+      }
+    }
+    T* buf(int k) { return scratch_ + static_cast<std::size_t>(k) * detail::block; }
+    const FusedProgram& p_;
+    T* scratch_;
+    const T** r_;
+    boost::container::small_vector<const T*, 8> filled_;
+  };
+
+ public:
+  // One thread's evaluation of the program over runs of the result's
+  // elements (in row-major order), with no buffer of the result: what a
+  // reduction of the loop's value reads (jit/plan.hpp), run after run.
+  template <class T>
+  class Reader {
+   public:
+    static constexpr std::int64_t capacity = 1024;  // the longest run
+    Reader(const FusedLoop& loop, const T* const* in) : loop_(loop), in_(in), regs_(loop.p_) {}
+    // Elements [at, at + n) of the result, n <= capacity. They are computed
+    // `capacity` at a time from the first one asked for, so that a reader of
+    // short runs in order (rows of a few elements, a sum's pairwise blocks)
+    // computes each element once, in blocks that span its runs.
+    const T* run(std::int64_t at, std::int64_t n) {
+      if (at < from_ || at + n > from_ + count_) {
+        from_ = at;
+        count_ = std::min(capacity, loop_.size_ - at);
+        for (std::int64_t b = 0; b < count_; b += detail::block)
+          regs_.span(*loop_.plan_, loop_.dense(), in_, at + b, std::min(detail::block, count_ - b), values_.data() + b,
+                     off_.data());
+      }
+      return values_.data() + (at - from_);
+    }
+
+   private:
+    const FusedLoop& loop_;
+    const T* const* in_;
+    Registers<T> regs_;
+    boost::container::small_vector<std::int64_t, 9> off_ = boost::container::small_vector<std::int64_t, 9>(
+        static_cast<std::size_t>(loop_.p_.inputs) + 1);
+    std::int64_t from_ = 0, count_ = 0;
+    std::array<T, capacity> values_;
+  };
+
+ private:
   template <class T>
   void run_typed(const T* const* in, T* out) const {
     if (size_ == 0) return;
     const auto& plan = *plan_;
-    const auto& fns = detail::block_fns<T>();
+    if (plan.inner < detail::block && size_ > plan.inner) {
+      // Rows shorter than a block (a per-channel operand over 4 x 4 pixels): blocks span rows.
+      parallel_for((size_ + detail::block - 1) / detail::block, detail::block, [&](std::int64_t first, std::int64_t last) {
+        Registers<T> regs(p_);
+        boost::container::small_vector<std::int64_t, 9> off(static_cast<std::size_t>(p_.inputs) + 1);
+        for (std::int64_t b = first; b < last; ++b) {
+          const std::int64_t at = b * detail::block;
+          regs.span(plan, dense(), in, at, std::min(detail::block, size_ - at), out + at, off.data());
+        }
+      });
+      return;
+    }
     parallel_for(plan.items, std::min(plan.piece, plan.inner), [&](std::int64_t first, std::int64_t last) {
-      // Per thread, kept between calls: a call of a small plan allocates nothing.
-      thread_local std::vector<T> scratch;
-      thread_local std::vector<const T*> r;
-      const auto regs = static_cast<std::size_t>(p_.registers);
-      if (scratch.size() < regs * detail::block) scratch.resize(regs * detail::block);
-      if (r.size() < regs) r.resize(regs);
-      auto buf = [&](int k) { return scratch.data() + static_cast<std::size_t>(k) * detail::block; };
-      for (const auto& c : p_.constants) {
-        std::fill_n(buf(c.reg), detail::block, std::is_integral_v<T> ? static_cast<T>(c.integer) : static_cast<T>(c.real));
-        r[static_cast<std::size_t>(c.reg)] = buf(c.reg);
-      }
+      Registers<T> regs(p_);
       boost::container::small_vector<std::int64_t, 9> off(static_cast<std::size_t>(p_.inputs) + 1);
-      // A broadcast input (stride 0: a per-channel scale, say) holds one value over an item's blocks: its
-      // register is filled when that value's address changes, not per block.
-      boost::container::small_vector<const T*, 8> filled(static_cast<std::size_t>(p_.inputs), nullptr);
       for (std::int64_t item = first; item < last; ++item) {
         const std::int64_t len = plan.locate(item, off.data());
         T* dst = out + off.back();
-        for (std::int64_t b = 0; b < len; b += detail::block) {
-          const std::int64_t n = std::min(detail::block, len - b);
-          for (int k = 0; k < p_.inputs; ++k) {
-            const auto ks = static_cast<std::size_t>(k);
-            const std::int64_t s = plan.inner_stride[ks];
-            const T* src = in[k] + off[ks] + b * s;
-            if (s == 1) {
-              r[ks] = src;
-            } else if (s == 0) {
-              if (filled[ks] != src) std::fill_n(buf(k), detail::block, *src);
-              filled[ks] = src;
-              r[ks] = buf(k);
-            } else {
-              T* d = buf(k);
-              for (std::int64_t i = 0; i < n; ++i) d[i] = src[i * s];
-              r[ks] = d;
-            }
-          }
-          for (const auto& ins : p_.code) {
-            T* d = ins.dst == p_.result ? dst + b : buf(ins.dst);
-            const T* operands[3] = {r[static_cast<std::size_t>(ins.src[0])], r[static_cast<std::size_t>(ins.src[1])],
-                                    r[static_cast<std::size_t>(ins.src[2])]};
-            fns[static_cast<std::size_t>(ins.op)](d, operands, n);
-            r[static_cast<std::size_t>(ins.dst)] = d;
-          }
-        }
+        for (std::int64_t b = 0; b < len; b += detail::block)
+          regs.block(plan, in, off.data(), b, std::min(detail::block, len - b), dst + b);
       }
     });
   }
@@ -162,6 +262,8 @@ class FusedLoop {
   FusedProgram p_;
   std::shared_ptr<const hybra::detail::strided_plan> plan_;
   std::int64_t size_ = 0;
+  boost::container::small_vector<bool, 8> dense_;  // per input: it lies as the result does
+  std::span<const bool> dense() const { return {dense_.data(), dense_.size()}; }
 };
 
 }  // namespace hybra::backend::cpu
