@@ -110,8 +110,8 @@ class FusedLoop {
  private:
   // One thread's registers: the constants' blocks, filled once, and a block
   // per input and instruction. Kept between calls per thread, so that a
-  // call of a small plan allocates nothing (so a thread has one Registers
-  // at a time).
+  // call of a small plan allocates nothing; a thread holds one Registers at
+  // a time.
   template <class T>
   class Registers {
    public:
@@ -175,7 +175,7 @@ class FusedLoop {
         pos += len;
       }
       for (int k = 0; k < p_.inputs; ++k) r_[k] = dense[static_cast<std::size_t>(k)] ? in[k] + at : buf(k);
-      std::fill(filled_.begin(), filled_.end(), nullptr);
+      std::fill(filled_.begin(), filled_.end(), nullptr);  // block() refills a broadcast register after this
       execute(n, dst);
     }
 
