@@ -160,19 +160,34 @@ class FusedLoop {
     // row by row. off: room for an offset per operand.
     void span(const hybra::detail::strided_plan& plan, std::span<const bool> dense, const T* const* in, std::int64_t at,
               std::int64_t n, T* dst, std::int64_t* off) {
+      // The next row's offsets are the last one's plus the stride of the
+      // dimension outside the rows, until that dimension wraps round: no
+      // division per row.
+      const std::size_t outer = plan.dims.size() >= 2 ? plan.dims.size() - 2 : 0;
+      const std::int64_t wrap = plan.dims.size() >= 2 ? plan.dims[outer] : 1;
+      std::int64_t row = at / plan.inner, from = at % plan.inner, digit = row % wrap;
+      plan.locate_row(row, 0, off);
       for (std::int64_t pos = at; pos < at + n;) {
-        const std::int64_t row = pos / plan.inner, from = pos % plan.inner;
         const std::int64_t len = std::min(at + n - pos, plan.inner - from);
-        plan.locate_row(row, from, off);
         for (int k = 0; k < p_.inputs; ++k) {
           const auto ks = static_cast<std::size_t>(k);
           if (dense[ks]) continue;
-          const T* src = in[k] + off[ks];
+          const std::int64_t s = plan.inner_stride[ks];
+          const T* src = in[k] + off[ks] + from * s;
           T* d = buf(k) + (pos - at);
-          if (const std::int64_t s = plan.inner_stride[ks]; s == 0) std::fill_n(d, len, *src);
+          if (s == 0) std::fill_n(d, len, *src);
           else for (std::int64_t i = 0; i < len; ++i) d[i] = src[i * s];
         }
         pos += len;
+        from = 0;
+        if (pos == at + n) break;
+        ++row;
+        if (++digit < wrap) {
+          for (std::size_t l = 0; l < plan.strides.size(); ++l) off[l] += plan.strides[l][outer];
+        } else {
+          digit = 0;
+          plan.locate_row(row, 0, off);
+        }
       }
       for (int k = 0; k < p_.inputs; ++k) r_[k] = dense[static_cast<std::size_t>(k)] ? in[k] + at : buf(k);
       std::fill(filled_.begin(), filled_.end(), nullptr);  // block() refills a broadcast register after this
