@@ -72,15 +72,21 @@ inline double max_rel_diff(const Tensor& a, const Tensor& b) {
   return max_rel_diff(a.to_vector<double>(), b.to_vector<double>());
 }
 
-// Blocks until `flag` is set or `limit` passes; lets two ops prove they run at
-// the same time without depending on how fast either one is.
-inline bool await_flag(const std::atomic<bool>& flag, std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+// Blocks until ready() holds or `limit` passes; lets a test wait for what
+// another thread does without depending on how fast it is.
+template <class Ready>
+bool await(Ready&& ready, std::chrono::milliseconds limit = std::chrono::seconds(5)) {
   const auto end = std::chrono::steady_clock::now() + limit;
-  while (!flag.load()) {
+  while (!ready()) {
     if (std::chrono::steady_clock::now() > end) return false;
     std::this_thread::yield();
   }
   return true;
+}
+// Blocks until `flag` is set or `limit` passes; lets two ops prove they run at
+// the same time.
+inline bool await_flag(const std::atomic<bool>& flag, std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  return await([&] { return flag.load(); }, limit);
 }
 
 // A fresh directory, removed with everything in it at the end of the test.

@@ -6,12 +6,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <hybra/eager.hpp>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <sstream>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include "reference.hpp"
@@ -163,6 +168,221 @@ TEST_CASE("async: a parallel loop's pieces run on threads of their own, with Ope
   CHECK(threads.size() == 1);
 #endif
 }
+
+TEST_CASE("async: the contention meter turns on after a window that waited for cores held elsewhere") {
+  using Meter = backend::cpu::ContentionMeter;
+  constexpr std::int64_t ms = 1'000'000;
+  Meter meter;
+  // Half the time waited, but under a window of demand: not yet full.
+  CHECK_FALSE(meter.add(9 * ms, 9 * ms));
+  CHECK(meter.add(2 * ms, 2 * ms));
+  // Waits while the cores were free are hybra's own threads': no verdict.
+  CHECK_FALSE(meter.close_window(false));
+  CHECK_FALSE(meter.contended());
+  CHECK(meter.add(10 * ms, 10 * ms));
+  CHECK(meter.close_window(true));  // 50% waited, the cores held elsewhere
+  CHECK(meter.contended());
+  CHECK(meter.last_share() == doctest::Approx(0.5));
+  for (int w = 1; w < Meter::quiet_windows; ++w) {
+    CHECK(meter.add(20 * ms, 0));
+    CHECK_FALSE(meter.close_window(true));
+    CHECK(meter.contended());
+  }
+  // A window between the two shares ends the quiet streak...
+  CHECK(meter.add(19 * ms, ms));
+  CHECK_FALSE(meter.close_window(true));
+  for (int w = 1; w < Meter::quiet_windows; ++w) {
+    CHECK(meter.add(19 * ms, ms));
+    CHECK_FALSE(meter.close_window(false));  // ...and windows with the cores free count as quiet
+  }
+  CHECK(meter.contended());
+  CHECK(meter.add(20 * ms, 0));
+  CHECK(meter.close_window(true));  // ...so it takes a full streak after it
+  CHECK_FALSE(meter.contended());
+  // Waits under the on share leave a quiet meter quiet.
+  CHECK(meter.add(19 * ms, ms + ms / 2));
+  CHECK_FALSE(meter.close_window(true));
+  CHECK_FALSE(meter.contended());
+}
+
+TEST_CASE("async: HYBRA_SPIN_THROTTLE's settings, and a bad one named") {
+  using backend::cpu::SpinThrottle;
+  CHECK(backend::cpu::parse_spin_throttle("") == SpinThrottle::automatic);
+  CHECK(backend::cpu::parse_spin_throttle("auto") == SpinThrottle::automatic);
+  CHECK(backend::cpu::parse_spin_throttle("0") == SpinThrottle::never);
+  CHECK(backend::cpu::parse_spin_throttle("1") == SpinThrottle::always);
+  CHECK_THROWS_WITH_AS(backend::cpu::parse_spin_throttle("yes"),
+                       doctest::Contains("HYBRA_SPIN_THROTTLE=yes is not a setting"), ValueError);
+}
+
+namespace {
+
+// Processes that keep a core busy each until they go out of scope.
+class BusyProcesses {
+ public:
+  explicit BusyProcesses(unsigned count) {
+    for (unsigned p = 0; p < count; ++p) {
+      const pid_t pid = fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0)
+        for (;;) {
+        }
+      children_.push_back(pid);
+    }
+  }
+  ~BusyProcesses() {
+    for (pid_t pid : children_) kill(pid, SIGKILL);
+    for (pid_t pid : children_) waitpid(pid, nullptr, 0);
+  }
+  BusyProcesses(const BusyProcesses&) = delete;
+  BusyProcesses& operator=(const BusyProcesses&) = delete;
+
+ private:
+  std::vector<pid_t> children_;
+};
+
+unsigned cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+}  // namespace
+
+TEST_CASE("async: a thread's scheduler counters show the time it waited for a core") {
+  const auto before = backend::cpu::own_sched_times();
+  if (!before) {
+    MESSAGE("this kernel keeps no per-thread scheduler statistics: nothing to check");
+    return;
+  }
+  // More busy threads than cores: this one waits for a core while it works.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (unsigned t = 0; t < 2 * cores(); ++t)
+    busy.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  const auto until = Clock::now() + 200ms;
+  while (Clock::now() < until) {
+  }
+  const auto after = backend::cpu::own_sched_times();
+  stop = true;
+  for (auto& t : busy) t.join();
+  REQUIRE(after);
+  const double ran = static_cast<double>(after->ran - before->ran);
+  const double waited = static_cast<double>(after->waited - before->waited);
+  CHECK(ran > 0);
+  CHECK(waited / (ran + waited) > 0.1);
+}
+
+TEST_CASE("async: the machine's counters show the cores other processes keep busy") {
+  const auto before = backend::cpu::machine_times();
+  if (!before) {
+    MESSAGE("no /proc/stat: nothing to check");
+    return;
+  }
+  std::optional<backend::cpu::MachineTimes> after;
+  {
+    BusyProcesses busy(1);
+    std::this_thread::sleep_for(300ms);
+    after = backend::cpu::machine_times();
+  }
+  REQUIRE(after);
+  // One busy process, this one asleep; the clock ticks (10 ms) and other
+  // work on the machine blur it.
+  const double elsewhere = backend::cpu::cores_used_elsewhere(*before, *after);
+  CHECK(elsewhere > 0.6);
+  CHECK(elsewhere < cores() + 0.1);
+}
+
+#ifdef _OPENMP
+namespace {
+
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+// The CPU time the process spends while a fresh thread runs five short
+// two-thread regions, each followed by 20 ms asleep: libgomp's idle team
+// thread spins through most of it unless its spins are short. Regions of its
+// own, not parallel_for's, so that the contention watch stays out of it.
+double cpu_seconds_around_idle_regions() {
+  std::this_thread::sleep_for(50ms);  // spins started before end first
+  double used = 0;
+  std::thread([&] {
+    const double start = process_cpu_seconds();
+    for (int r = 0; r < 5; ++r) {
+      std::atomic<int> joined{0};
+#pragma omp parallel num_threads(2)
+      joined.fetch_add(1);
+      CHECK(joined.load() == 2);
+      std::this_thread::sleep_for(20ms);
+    }
+    used = process_cpu_seconds() - start;
+  }).join();
+  return used;
+}
+
+}  // namespace
+
+// In a process of its own, by ctest's `unit_gomp_spin` (hybra_tests --no-skip
+// -ts="libgomp alone"): libgomp shortens its spins for good once a process has
+// had more team threads than cores, which the other cases' engines and loops
+// leave behind.
+TEST_SUITE("libgomp alone") {
+  TEST_CASE("async: while the idle team is held, libgomp's idle threads stop spinning at once" * doctest::skip()) {
+    if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") || omp_get_num_procs() < 2) {
+      MESSAGE("libgomp's waits are set from the environment, or one core: its spins are short already");
+      return;
+    }
+    auto& team = backend::cpu::idle_team();
+    const bool was_held = team.held();
+    team.hold(false);
+    const double spinning = cpu_seconds_around_idle_regions();
+    team.hold(true);
+    CHECK(team.last_team_size() == omp_get_num_procs() + 1);
+    const double held = cpu_seconds_around_idle_regions();
+    team.hold(false);
+    // Released, the spins are long again.
+    const double released = cpu_seconds_around_idle_regions();
+    team.hold(was_held);
+    INFO("CPU seconds over five idle gaps: ", spinning, " with libgomp's spins, ", held,
+         " with the idle team held, ", released, " released");
+    CHECK(held < spinning / 2);
+    CHECK(held < released / 2);
+  }
+}
+
+TEST_CASE("async: parallel loops that wait for cores other processes hold, hold the idle team") {
+  if (backend::cpu::spin_throttle_setting() != backend::cpu::SpinThrottle::automatic ||
+      !backend::cpu::own_sched_times()) {
+    MESSAGE("HYBRA_SPIN_THROTTLE, OMP_WAIT_POLICY or GOMP_SPINCOUNT is set, or no scheduler statistics");
+    return;
+  }
+  auto& team = backend::cpu::idle_team();
+  team.hold(false);
+  const int saved = num_threads();
+  set_num_threads(2);
+  std::atomic<std::int64_t> covered{0};
+  const auto loop = [&] {
+    backend::cpu::parallel_for(1 << 17, 1, [&](std::int64_t begin, std::int64_t end) { covered += end - begin; });
+  };
+  bool held = false;
+  {
+    // A core busy elsewhere for each core: a team of two waits.
+    BusyProcesses busy(cores());
+    held = test::await(
+        [&] {
+          loop();
+          return team.held();
+        },
+        10s);
+  }
+  set_num_threads(saved);
+  CHECK(held);
+  CHECK(covered.load() % (1 << 17) == 0);
+}
+#endif
 
 // A parallel loop whose pieces race, on purpose: ctest's tsan_sees_loop_races
 // runs it in the ThreadSanitizer build, which must report the race

@@ -1,8 +1,9 @@
 #pragma once
 // Graded diagnostics on stderr, as tinygrad's DEBUG: HYBRA_DEBUG=1 prints
 // each compiled plan's summary when it is built (its steps by kind, its
-// memory, whether it is brief and replays a CUDA graph); 2 also each plan
-// call's time per step; 3 also the code generated for it (the optimised
+// memory, whether it is brief and replays a CUDA graph) and each change of
+// libgomp's spins under contention (backend/cpu/gomp_spin.hpp); 2 also each
+// plan call's time per step; 3 also the code generated for it (the optimised
 // graph of each plan, each NVRTC program's source). The level is read from
 // the environment at the first use; set_level changes it for the process.
 #include <atomic>

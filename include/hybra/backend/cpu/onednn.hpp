@@ -84,7 +84,10 @@ inline dnnl::stream& stream() {
 // scope.
 class ThreadCount {
  public:
-  explicit ThreadCount(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+  explicit ThreadCount(int threads) : saved_(omp_get_max_threads()) {
+    if (threads > 1) note_parallel_region(threads);
+    omp_set_num_threads(threads);
+  }
   ~ThreadCount() { omp_set_num_threads(saved_); }
   ThreadCount(const ThreadCount&) = delete;
   ThreadCount& operator=(const ThreadCount&) = delete;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../../engine/context.hpp"
+#include "gomp_spin.hpp"
 
 namespace hybra {
 
@@ -84,6 +85,7 @@ inline void run_ranges(std::int64_t n, std::int64_t cost, range_call call, void*
     call(body, begin, end);
   };
 #ifdef _OPENMP
+  note_parallel_region(threads);
 #pragma omp parallel num_threads(threads)
   piece(omp_get_thread_num(), omp_get_num_threads());
 #else
