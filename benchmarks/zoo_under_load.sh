@@ -11,11 +11,16 @@
 #   MXNET_PYTHON=.../bin/python TORCH_PYTHON=.../bin/python bash benchmarks/zoo_under_load.sh
 #
 # Every case runs once with libgomp's default wait policy and once more per
-# entry of WAIT_POLICIES (OMP_WAIT_POLICY for all three systems, whose
-# OpenMP runtimes are libgomp), as system "<name>/<policy>".
+# entry of WAIT_POLICIES, for all three systems (whose OpenMP runtimes are
+# libgomp), as system "<name>/<entry>": a value of OMP_WAIT_POLICY, or an
+# assignment such as GOMP_SPINCOUNT=1000.
+#
+# HYBRA_VARIANTS lists settings of hybra's own to run beside it at the
+# default policy, each as system "hybra/<setting>" (default
+# HYBRA_SPIN_THROTTLE=0: hybra leaving libgomp's spins as they are).
 #
 # Environment: THREADS (default: all cores), ROUNDS (2), LOADS (0 1 2),
-# WAIT_POLICIES (passive; empty: the default only),
+# WAIT_POLICIES (passive; empty: the default only), HYBRA_VARIANTS,
 # CALLS (30), BATCHES (2), MODELS (resnet18_v1), BUILD_DIR (build-bench),
 # LOG (where the calls go; default $BUILD_DIR/zoo_under_load.log).
 set -euo pipefail
@@ -25,6 +30,7 @@ mxnet=${MXNET_PYTHON:?a Python with mxnet==1.9.1}
 torch=${TORCH_PYTHON:?a Python with torch and torchvision}
 threads=${THREADS:-$(nproc)} rounds=${ROUNDS:-2} loads=${LOADS:-0 1 2} calls=${CALLS:-30}
 batches=${BATCHES:-2} models=${MODELS:-resnet18_v1} policies=${WAIT_POLICIES-passive}
+variants=${HYBRA_VARIANTS-HYBRA_SPIN_THROTTLE=0}
 log=${LOG:-$build/zoo_under_load.log}
 files="$build/zoo-under-load-models"
 
@@ -49,16 +55,23 @@ for round in $(seq "$rounds"); do
       busy+=($!)
     done
     for policy in default $policies; do
-      if [[ $policy == default ]]; then unset OMP_WAIT_POLICY; else export OMP_WAIT_POLICY=$policy; fi
+      unset OMP_WAIT_POLICY GOMP_SPINCOUNT
+      if [[ $policy == *=* ]]; then export "$policy"; elif [[ $policy != default ]]; then export OMP_WAIT_POLICY=$policy; fi
       {
         "$build/benchmarks/bench_zoo" --models "$files" --batches "$batches" --calls "$calls"
+        if [[ $policy == default ]]; then
+          for variant in $variants; do
+            env "$variant" "$build/benchmarks/bench_zoo" --models "$files" --batches "$batches" --calls "$calls" |
+              sed "s|^\([^ ]*\)|\1/$variant|"
+          done
+        fi
         "$mxnet" "$root/benchmarks/peers/zoo_inference.py" mxnet "$files" --models "$models" --batches "$batches" \
           --calls "$calls"
         "$torch" "$root/benchmarks/peers/zoo_inference.py" torch --models "$models" --batches "$batches" --calls "$calls"
       } | if [[ $policy == default ]]; then sed "s/^/load:$k /"; else sed "s/^/load:$k /; s|^\(load:$k [^ ]*\)|\1/$policy|"; fi |
         tee -a "$log"
     done
-    unset OMP_WAIT_POLICY
+    unset OMP_WAIT_POLICY GOMP_SPINCOUNT
     stop_busy
   done
 done
