@@ -212,7 +212,7 @@ TEST_CASE("async: HYBRA_SPIN_THROTTLE's settings, and a bad one named") {
   CHECK(backend::cpu::parse_spin_throttle("0") == SpinThrottle::never);
   CHECK(backend::cpu::parse_spin_throttle("1") == SpinThrottle::always);
   CHECK_THROWS_WITH_AS(backend::cpu::parse_spin_throttle("yes"),
-                       doctest::Contains("HYBRA_SPIN_THROTTLE=yes is not a setting"), ValueError);
+                       doctest::Contains("HYBRA_SPIN_THROTTLE=yes is not a setting; use auto, 0 or 1"), ValueError);
 }
 
 namespace {

@@ -36,7 +36,7 @@
 #endif
 
 #include "../../core/debug.hpp"
-#include "../../core/error.hpp"
+#include "../../core/setting.hpp"
 #include "contention.hpp"
 
 namespace hybra::backend::cpu {
@@ -44,10 +44,9 @@ namespace hybra::backend::cpu {
 enum class SpinThrottle { automatic, never, always };
 
 inline SpinThrottle parse_spin_throttle(std::string_view value) {
-  if (value.empty() || value == "auto") return SpinThrottle::automatic;
-  if (value == "0") return SpinThrottle::never;
-  if (value == "1") return SpinThrottle::always;
-  fail<ValueError>("threads: HYBRA_SPIN_THROTTLE=", value, " is not a setting; use auto, 0 or 1");
+  return parse_setting<SpinThrottle>(
+      "threads", "HYBRA_SPIN_THROTTLE", value,
+      {{"auto", SpinThrottle::automatic}, {"0", SpinThrottle::never}, {"1", SpinThrottle::always}});
 }
 
 inline SpinThrottle spin_throttle_setting() {

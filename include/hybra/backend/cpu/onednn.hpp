@@ -42,6 +42,7 @@
 #include <utility>
 
 #include "../../core/error.hpp"
+#include "../../core/setting.hpp"
 #include "../../core/storage.hpp"
 #include "threads.hpp"
 
@@ -54,10 +55,8 @@ namespace hybra::backend::cpu::onednn {
 // ruling one out.
 enum class Use { off, where_faster, always };
 inline Use parse_use(std::string_view value) {
-  if (value.empty() || value == "1") return Use::where_faster;
-  if (value == "0") return Use::off;
-  if (value == "always") return Use::always;
-  fail<ValueError>("oneDNN: HYBRA_ONEDNN=", value, " is not a setting; use 0, 1 or always");
+  return parse_setting<Use>("oneDNN", "HYBRA_ONEDNN", value,
+                            {{"1", Use::where_faster}, {"0", Use::off}, {"always", Use::always}});
 }
 inline Use use() {
   static const Use setting = [] {
