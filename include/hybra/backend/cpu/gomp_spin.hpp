@@ -125,8 +125,9 @@ inline IdleTeam& idle_team() {
 namespace detail {
 
 // Samples the calling thread's scheduler counters at most every few
-// milliseconds (a read of /proc costs a microsecond or two) into one meter
-// for the process, and holds the idle team while it says contended.
+// milliseconds (reading /proc costs microseconds: docs/benchmarks.md, "Under
+// a competing load") into one meter for the process, reads /proc/stat once
+// a window, and holds the idle team while the meter says contended.
 class ContentionWatch {
  public:
   static constexpr std::chrono::milliseconds sample_every{5};
