@@ -1,6 +1,7 @@
 #pragma once
 // A setting read from the environment: one of a few spellings, each naming a
 // choice, or a ValueError that names the variable and lists the spellings.
+#include <cstddef>
 #include <initializer_list>
 #include <string>
 #include <string_view>
