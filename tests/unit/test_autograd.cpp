@@ -391,6 +391,48 @@ TEST_CASE("BatchNorm trains on batch statistics and moves its running statistics
     CHECK(max_rel_diff(grads[0][i], grads[1][i]) < 1e-10);
   }
 
+  // The training form against its definition, element by element, and its
+  // gradients against central differences of the block itself.
+  {
+    nn::BatchNorm bn(1, 0.9, 1e-3, true, true, 3, DType::float64);
+    bn.initialize();
+    bn.gamma().set_data(array<double>({0.5, -1.5, 2}));
+    bn.beta().set_data(array<double>({0.25, 0, -1}));
+    const Tensor xb = input({2, 3, 2, 3}, 5), head = input({2, 3, 2, 3}, 9, 0.5, 1.5);
+    const auto v = xb.to_vector<double>();
+    const double gamma[] = {0.5, -1.5, 2}, beta[] = {0.25, 0, -1};
+    std::vector<double> expected(v.size());
+    for (std::size_t c = 0; c < 3; ++c) {
+      auto at = [&](std::size_t n, std::size_t i) { return n * 18 + c * 6 + i; };
+      double m = 0, var = 0;
+      for (std::size_t n = 0; n < 2; ++n)
+        for (std::size_t i = 0; i < 6; ++i) m += v[at(n, i)] / 12;
+      for (std::size_t n = 0; n < 2; ++n)
+        for (std::size_t i = 0; i < 6; ++i) var += (v[at(n, i)] - m) * (v[at(n, i)] - m) / 12;
+      for (std::size_t n = 0; n < 2; ++n)
+        for (std::size_t i = 0; i < 6; ++i)
+          expected[at(n, i)] = (v[at(n, i)] - m) / std::sqrt(var + 1e-3) * gamma[c] + beta[c];
+    }
+    Tensor leaf = xb.copy();
+    leaf.attach_grad();
+    Tensor y;
+    {
+      autograd::record rec;
+      y = bn(leaf);
+      Tensor(y * head).backward();
+    }
+    CHECK(max_rel_diff(y.to_vector<double>(), expected) < 1e-12);
+    auto trained = [&](std::vector<Tensor> in) {
+      autograd::train_mode train;
+      bn.gamma().set_data(in[1]);
+      return bn(in[0]);
+    };
+    const std::vector<Tensor> at{xb, array<double>({0.5, -1.5, 2})};
+    const Tensor dgamma = bn.gamma().grad().copy();
+    CHECK(max_rel_diff(leaf.grad().to_vector<double>(), numeric_gradient(trained, at, 0, head)) < 1e-6);
+    CHECK(max_rel_diff(dgamma.to_vector<double>(), numeric_gradient(trained, at, 1, head)) < 1e-6);
+  }
+
   // The batch mean of the first channel after one eager step from zero: 0.2 * batch mean.
   auto fresh = make();
   Tensor conv_out = (*fresh->children()[0])(x);

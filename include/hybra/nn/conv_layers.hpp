@@ -294,7 +294,10 @@ class BatchNorm : public HybridBlock<BatchNorm> {
     const F batch_var = mean(F(centred * centred), others, true);
     update_state(running_mean_, reshape(batch_mean, channels), momentum_);
     update_state(running_var_, reshape(batch_var, channels), momentum_);
-    return F(centred / sqrt(batch_var + epsilon_) * reshape(gamma_.as<F>(), channel) + reshape(beta_.as<F>(), channel));
+    // gamma / sqrt(var + eps) per channel, so that the activation-sized work is one multiply-add, and its
+    // gradient one product and one sum (a full-sized divide by sqrt(var + eps) costs two more passes each way).
+    const F scale = reshape(gamma_.as<F>(), channel) / sqrt(batch_var + epsilon_);
+    return F(centred * scale + reshape(beta_.as<F>(), channel));
   }
 
   double momentum() const { return momentum_; }
