@@ -427,10 +427,10 @@ TEST_CASE("BatchNorm trains on batch statistics and moves its running statistics
       bn.gamma().set_data(in[1]);
       return bn(in[0]);
     };
-    const std::vector<Tensor> at{xb, array<double>({0.5, -1.5, 2})};
+    const std::vector<Tensor> point{xb, array<double>({0.5, -1.5, 2})};
     const Tensor dgamma = bn.gamma().grad().copy();
-    CHECK(max_rel_diff(leaf.grad().to_vector<double>(), numeric_gradient(trained, at, 0, head)) < 1e-6);
-    CHECK(max_rel_diff(dgamma.to_vector<double>(), numeric_gradient(trained, at, 1, head)) < 1e-6);
+    CHECK(max_rel_diff(leaf.grad().to_vector<double>(), numeric_gradient(trained, point, 0, head)) < 1e-6);
+    CHECK(max_rel_diff(dgamma.to_vector<double>(), numeric_gradient(trained, point, 1, head)) < 1e-6);
   }
 
   // The batch mean of the first channel after one eager step from zero: 0.2 * batch mean.

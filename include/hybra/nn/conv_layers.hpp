@@ -294,8 +294,9 @@ class BatchNorm : public HybridBlock<BatchNorm> {
     const F batch_var = mean(F(centred * centred), others, true);
     update_state(running_mean_, reshape(batch_mean, channels), momentum_);
     update_state(running_var_, reshape(batch_var, channels), momentum_);
-    // gamma / sqrt(var + eps) per channel, so that the activation-sized work is one multiply-add, and its
-    // gradient one product and one sum (a full-sized divide by sqrt(var + eps) costs two more passes each way).
+    // gamma / sqrt(var + eps) per channel, so that the activation-sized work is one multiply-add and its
+    // gradient one product and one sum: dividing the whole activation, then multiplying it by gamma, costs
+    // more passes over it each way (docs/benchmarks.md, "BatchNorm's training form").
     const F scale = reshape(gamma_.as<F>(), channel) / sqrt(batch_var + epsilon_);
     return F(centred * scale + reshape(beta_.as<F>(), channel));
   }
