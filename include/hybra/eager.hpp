@@ -21,6 +21,7 @@
 #include "backend/cuda/random.hpp"
 #include "expr/elementwise_op.hpp"
 #include "ops/batch_norm.hpp"
+#include "ops/batch_norm_training.hpp"
 #include "ops/conv.hpp"
 #include "ops/cumsum.hpp"
 #include "ops/embedding.hpp"

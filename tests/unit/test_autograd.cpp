@@ -425,12 +425,20 @@ TEST_CASE("BatchNorm trains on batch statistics and moves its running statistics
     auto trained = [&](std::vector<Tensor> in) {
       autograd::train_mode train;
       bn.gamma().set_data(in[1]);
+      bn.beta().set_data(in[2]);
       return bn(in[0]);
     };
-    const std::vector<Tensor> point{xb, array<double>({0.5, -1.5, 2})};
-    const Tensor dgamma = bn.gamma().grad().copy();
+    const std::vector<Tensor> point{xb, array<double>({0.5, -1.5, 2}), array<double>({0.25, 0, -1})};
+    const Tensor dgamma = bn.gamma().grad().copy(), dbeta = bn.beta().grad().copy();
     CHECK(max_rel_diff(leaf.grad().to_vector<double>(), numeric_gradient(trained, point, 0, head)) < 1e-6);
     CHECK(max_rel_diff(dgamma.to_vector<double>(), numeric_gradient(trained, point, 1, head)) < 1e-6);
+    CHECK(max_rel_diff(dbeta.to_vector<double>(), numeric_gradient(trained, point, 2, head)) < 1e-6);
+    // The op the block's training form is made of names what does not fit.
+    const Tensor c3 = array<double>({1, 1, 1}), c2 = array<double>({1, 1});
+    CHECK_THROWS_WITH_AS(batch_norm_training(xb, c3, c3, c2, c3), doctest::Contains("mean of shape (2,)"), ShapeError);
+    CHECK_THROWS_WITH_AS(batch_norm_training(xb, c3, c3, c3, c3, 0.0), doctest::Contains("eps 0 must be positive"),
+                         ValueError);
+    CHECK_THROWS_WITH_AS(batch_norm_training(xb, c3, c3, c3, c3, 1e-5, 4), doctest::Contains("axis"), Error);
   }
 
   // The batch mean of the first channel after one eager step from zero: 0.2 * batch mean.

@@ -348,5 +348,10 @@ Symbol batch_norm(X&& x, const Symbol& gamma, const Symbol& beta, const Symbol& 
   return graph::make_symbol("batch_norm", batch_norm_attrs(eps, axis),
                             {to_symbol(x), gamma, beta, running_mean, running_var});
 }
+template <symbol_like X>
+Symbol batch_norm_training(X&& x, const Symbol& gamma, const Symbol& beta, const Symbol& mean, const Symbol& var,
+                           double eps = 1e-5, std::int64_t axis = 1) {
+  return graph::make_symbol("batch_norm_training", batch_norm_attrs(eps, axis), {to_symbol(x), gamma, beta, mean, var});
+}
 
 }  // namespace hybra

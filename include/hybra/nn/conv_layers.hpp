@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "../ops/batch_norm.hpp"
+#include "../ops/batch_norm_training.hpp"
 #include "../ops/conv.hpp"
 #include "../ops/pool.hpp"
 #include "block.hpp"
@@ -231,7 +231,8 @@ HYBRA_SEPARABLE_CLASS(HybridBlock<GlobalMaxPool2D>);
 // train_mode): the batch's own mean and (biased) variance over every axis but
 // `axis` take the running statistics' place, and each call moves the running
 // statistics towards them: running = momentum * running + (1 - momentum) *
-// batch (MXNet's rule), eagerly or from a captured graph. gamma starts at ones, beta
+// batch (MXNet's rule), eagerly or from a captured graph; the normalisation
+// is ops/batch_norm_training.hpp's, whose gradient is the closed form. gamma starts at ones, beta
 // and running_mean at zeros, running_var at ones; the running statistics
 // have grad_req "null", as have gamma without `scale` and beta without
 // `center` (Gluon's fixed gamma and beta). in_channels = 0 (the default)
@@ -285,20 +286,15 @@ class BatchNorm : public HybridBlock<BatchNorm> {
     if (!autograd::is_training())
       return batch_norm(x, gamma_.as<F>(), beta_.as<F>(), running_mean_.as<F>(), running_var_.as<F>(), epsilon_, axis_);
     std::vector<std::int64_t> others;
-    Shape channel(x.shape().size(), 1);
-    channel[static_cast<std::size_t>(a)] = channels[0];
     for (std::int64_t d = 0; d < x.ndim(); ++d)
       if (d != a) others.push_back(d);
     const F batch_mean = mean(x, others, true);
     const F centred = x - batch_mean;
-    const F batch_var = mean(F(centred * centred), others, true);
-    update_state(running_mean_, reshape(batch_mean, channels), momentum_);
-    update_state(running_var_, reshape(batch_var, channels), momentum_);
-    // gamma / sqrt(var + eps) per channel, so that the activation-sized work is one multiply-add and its
-    // gradient one product and one sum: dividing the whole activation, then multiplying it by gamma, costs
-    // more passes over it each way (docs/benchmarks.md, "BatchNorm's training form").
-    const F scale = reshape(gamma_.as<F>(), channel) / sqrt(batch_var + epsilon_);
-    return F(centred * scale + reshape(beta_.as<F>(), channel));
+    const F batch_var = mean(F(centred * centred), others);
+    const F channel_mean = reshape(batch_mean, channels);
+    update_state(running_mean_, channel_mean, momentum_);
+    update_state(running_var_, batch_var, momentum_);
+    return batch_norm_training(x, gamma_.as<F>(), beta_.as<F>(), channel_mean, batch_var, epsilon_, axis_);
   }
 
   double momentum() const { return momentum_; }

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "batch_norm.hpp"
+#include "batch_norm_training.hpp"
 #include "conv_backward.hpp"
 #include "cumsum.hpp"
 #include "elementwise.hpp"
@@ -25,8 +26,8 @@ namespace hybra::op {
 #define HYBRA_OPS(X)                                                                                              \
   X(matmul) X(dot) X(sum) X(mean) X(max) X(min) X(argmax) X(softmax) X(log_softmax) X(cumsum) X(reshape)      \
   X(transpose) X(slice) X(concat) X(astype) X(flatten) X(broadcast_to) X(fully_connected) X(dropout) X(conv2d) \
-  X(pool2d) X(batch_norm) X(embedding) X(slice_backward) X(conv2d_backward_data) X(conv2d_backward_weight)     \
-  X(pool2d_backward) X(embedding_backward)
+  X(pool2d) X(batch_norm) X(batch_norm_training) X(embedding) X(slice_backward) X(conv2d_backward_data)         \
+  X(conv2d_backward_weight) X(pool2d_backward) X(embedding_backward)
 
 // The elementwise ops first: their place is their index in elementwise_ops.
 #define HYBRA_OP_TYPE(id) , id
