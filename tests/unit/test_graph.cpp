@@ -227,6 +227,23 @@ TEST_CASE("elementwise fusion: a chain becomes one fused node; shared values and
   CHECK(count_op(joined, "fused") == 1);
   CHECK(count_op(joined, "add") + count_op(joined, "multiply") + count_op(joined, "subtract") == 0);
   CHECK(graph::run(joined, in)[0].to_vector<float>() == graph::run(graph::trace({twice}), in)[0].to_vector<float>());
+  // A value that reads one value of its shape (and a broadcast one), read by two loops of its shape, is
+  // computed in each, never written: BatchNorm's x - mean in its gradient's sum and in dx.
+  auto m = sym::var("m", Shape{8});
+  Symbol centred = x - m;
+  Symbol summed = sum(centred * x, {0}), scaled = centred * 2 + x;
+  const auto shared = graph::trace({summed, scaled});
+  CHECK(count_op(graph::recompute_in_readers(shared), "subtract") == 2);
+  const auto recomputed = graph::optimize(shared);
+  CHECK(count_op(recomputed, "subtract") == 0);
+  CHECK(count_op(recomputed, "fused") == 2);
+  in.emplace("m", random_normal({8}));
+  for (std::size_t k = 0; k < 2; ++k)
+    CHECK(planned(recomputed, in)[k].to_vector<float>() == graph::run(shared, in)[k].to_vector<float>());
+  // Not where the one operand is a loop itself (it would be written instead), nor where a reader is no loop.
+  Symbol from_loop = exp(x) - m;
+  CHECK(count_op(graph::recompute_in_readers(graph::trace({from_loop * 2, from_loop + 1})), "subtract") == 1);
+  CHECK(count_op(graph::recompute_in_readers(graph::trace({centred * 2, sum(centred)})), "subtract") == 1);
   // Integer chains fuse as well, computing in their dtype as the eager ops do
   // (wrapping on overflow); an op that makes floats of integers stays out.
   auto i = sym::var("i", Shape{6}, DType::int32), j = sym::var("j", Shape{6}, DType::int32);

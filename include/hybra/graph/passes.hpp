@@ -284,6 +284,67 @@ inline Graph convert_operands(const Graph& g) {
   return out;
 }
 
+// An elementwise value that reads one value of its own shape (besides
+// broadcast operands and scalars) and that several elementwise nodes of its
+// shape read is computed in each of their loops rather than written once
+// and read back: each reader gets a copy of the node, which then fuses with
+// it. Each loop reads the one operand where it read the value, and the
+// value is never written (BatchNorm's gradient reads x - mean in its sum and
+// in dx). Only when that operand is written anyway (not a loop that would
+// have joined the value's): otherwise the copies just move the write onto it.
+inline Graph recompute_in_readers(const Graph& g) {
+  const auto users = detail::consumers(g);
+  auto recomputed = [&](std::size_t i) {
+    const Node& n = g.nodes[i];
+    if (!fusable(g, n) || detail::is_output(g, static_cast<int>(i))) return false;
+    std::vector<int> readers = users[i];
+    std::sort(readers.begin(), readers.end());
+    readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+    if (readers.size() < 2) return false;
+    for (int r : readers) {
+      const Node& reader = g.nodes[static_cast<std::size_t>(r)];
+      if (!fusable(g, reader) || reader.meta.shape != n.meta.shape) return false;
+    }
+    int full = 0;
+    for (int in : n.inputs) {
+      const Node& src = g.nodes[static_cast<std::size_t>(in)];
+      if (src.op == "scalar" || !src.meta.shape || *src.meta.shape == *n.meta.shape) {
+        if (src.op != "scalar" && (++full > 1 || fusable(g, src))) return false;
+      } else if (checked_numel(*src.meta.shape) >= checked_numel(*n.meta.shape)) {
+        return false;
+      }
+    }
+    return true;
+  };
+  std::vector<bool> copied(g.nodes.size());
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) copied[i] = recomputed(i);
+  Graph out;
+  std::vector<int> index(g.nodes.size(), -1);
+  for (std::size_t j = 0; j < g.nodes.size(); ++j) {
+    if (copied[j]) continue;
+    Node n = g.nodes[j];
+    std::unordered_map<int, int> copy;  // this reader's copy of each value it recomputes
+    for (int& in : n.inputs) {
+      const auto k = static_cast<std::size_t>(in);
+      if (!copied[k]) {
+        in = index[k];
+        continue;
+      }
+      auto [at, fresh] = copy.emplace(in, static_cast<int>(out.nodes.size()));
+      if (fresh) {
+        Node c = g.nodes[k];
+        for (int& operand : c.inputs) operand = index[static_cast<std::size_t>(operand)];
+        out.nodes.push_back(std::move(c));
+      }
+      in = at->second;
+    }
+    index[j] = static_cast<int>(out.nodes.size());
+    out.nodes.push_back(std::move(n));
+  }
+  for (int o : g.outputs) out.outputs.push_back(index[static_cast<std::size_t>(o)]);
+  return out;
+}
+
 // Chains of elementwise nodes become one "fused" node: a node joins the
 // group of its consumers when they all belong to one (x * x; (a + x) + x)
 // and it has the group's shape (a smaller, broadcast operand stays outside
@@ -348,7 +409,7 @@ inline Graph optimize(const Graph& g) {
   Graph out = fold_constants(convert_operands(decompose(g)));
   out = eliminate_common_subexpressions(out);
   out = eliminate_dead_code(out);
-  out = fuse_elementwise(out);
+  out = fuse_elementwise(recompute_in_readers(out));
   return fuse_epilogues(out);
 }
 
