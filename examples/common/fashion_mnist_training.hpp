@@ -344,7 +344,7 @@ inline int train(int argc, char** argv, const Program& program, const Builder& b
   std::printf("learning curve: %s, %s\n", o.csv.c_str(), o.svg.c_str());
   const double test_acc = progress.curve().back().values[2];
   if (o.smoke && test_acc < program.smoke_accuracy) {
-    std::fprintf(stderr, "%s: test accuracy %.3f after the smoke epoch: it did not learn (at least %.2f expected)\n",
+    std::fprintf(stderr, "%s: test accuracy %.3f after the smoke run: it did not learn (at least %.2f expected)\n",
                  program.name.c_str(), test_acc, program.smoke_accuracy);
     return 1;
   }
