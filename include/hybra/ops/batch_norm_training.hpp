@@ -8,9 +8,9 @@
 // closed form, which already carries their dependence on x,
 //   dx = gamma / sqrt(var + eps) * (dy - sum(dy) / n - (x - mean) * sum(dy * (x - mean)) / (n (var + eps))),
 // so mean and var get none of their own. Composed from mean, subtract and
-// multiply, the same gradient came from the rules of those ops: two more
-// activation-sized values written and three more read per BatchNorm
-// (docs/benchmarks.md, "BatchNorm's gradient in closed form").
+// multiply, the gradient came from the rules of those ops, and a training
+// step wrote two more activation-sized values per BatchNorm and read three
+// more (docs/benchmarks.md, "BatchNorm's gradient in closed form").
 //
 // Eager, the op is the elementwise expression below; in a graph, the same
 // nodes (decompose), so that its multiply-add joins the ReLU after it and the
