@@ -64,6 +64,34 @@ inline std::optional<backend::cuda::CudaLaunch> cuda_batch_norm_launch(std::span
   return detail::nn::cuda_batch_norm_launch(outer, shape[static_cast<std::size_t>(a)], inner, eps, *dtype, gpu);
 }
 
+// A normalisation's operands checked against x (per-channel ones of shape
+// (C,), C the size of `axis`, named by `names`), and where the channels lie.
+struct ChannelAxis {
+  int axis;
+  Shape channel;                     // (1, ..., C, ..., 1)
+  std::vector<std::int64_t> others;  // every axis but `axis`
+  std::int64_t count = 1;            // elements per channel
+};
+inline ChannelAxis channel_axis(const Shape& x, std::span<const Shape* const> params,
+                                std::span<const char* const> names, double eps, std::int64_t axis,
+                                std::string_view what) {
+  if (x.empty()) fail<ShapeError>(what, ": input of shape () has no channel axis");
+  if (!(eps > 0)) fail<ValueError>(what, ": eps ", eps, " must be positive");
+  ChannelAxis c{hybra::detail::checked_axis(axis, x, std::string(what)), Shape(x.size(), 1), {}, 1};
+  const std::int64_t C = x[static_cast<std::size_t>(c.axis)];
+  for (std::size_t k = 0; k < params.size(); ++k)
+    if (*params[k] != Shape{C})
+      fail<ShapeError>(what, ": ", names[k], " of shape ", to_string(*params[k]), " does not match input of shape ",
+                       to_string(x), " (expected (", C, ",), the size of axis ", axis, ")");
+  c.channel[static_cast<std::size_t>(c.axis)] = C;
+  for (std::size_t d = 0; d < x.size(); ++d) {
+    if (static_cast<int>(d) == c.axis) continue;
+    c.others.push_back(static_cast<std::int64_t>(d));
+    c.count *= x[d];
+  }
+  return c;
+}
+
 inline Tensor batch_norm_op(Tensor x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                             const Tensor& running_var, double eps, std::int64_t axis) {
   x.require("batch_norm");
@@ -72,17 +100,10 @@ inline Tensor batch_norm_op(Tensor x, const Tensor& gamma, const Tensor& beta, c
           {x, gamma, beta, running_mean, running_var},
           [&](std::span<const Tensor> f) { return batch_norm_op(f[0], f[1], f[2], f[3], f[4], eps, axis); }, x.dtype()))
     return *r;
-  if (x.ndim() < 1) fail<ShapeError>("batch_norm: input of shape () has no channel axis");
-  if (!(eps > 0)) fail<ValueError>("batch_norm: eps ", eps, " must be positive");
-  const int a = hybra::detail::checked_axis(axis, x.shape(), "batch_norm");
-  const std::int64_t C = x.shape()[static_cast<std::size_t>(a)];
+  const Shape* shapes[] = {&gamma.shape(), &beta.shape(), &running_mean.shape(), &running_var.shape()};
   const char* names[] = {"gamma", "beta", "running_mean", "running_var"};
-  const Tensor* params[] = {&gamma, &beta, &running_mean, &running_var};
-  for (int k = 0; k < 4; ++k)
-    if (params[k]->shape() != Shape{C})
-      fail<ShapeError>("batch_norm: ", names[k], " of shape ", to_string(params[k]->shape()),
-                       " does not match input of shape ", to_string(x.shape()), " (expected (", C,
-                       ",), the size of axis ", axis, ")");
+  const int a = channel_axis(x.shape(), shapes, names, eps, axis, "batch_norm").axis;
+  const std::int64_t C = x.shape()[static_cast<std::size_t>(a)];
   const auto operands = float_operands<5>("batch_norm", {x, gamma, beta, running_mean, running_var});
   const Tensor &xc = operands[0], &g = operands[1], &b = operands[2], &m = operands[3], &v = operands[4];
   Tensor out(xc.shape(), xc.dtype(), xc.device());

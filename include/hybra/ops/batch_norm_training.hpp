@@ -27,35 +27,12 @@
 namespace hybra {
 
 namespace detail::nn {
-
-// The operands' checks, and where the channels lie: the channel-shaped view
-// (1, ..., C, ..., 1) and the axes the statistics reduce.
-struct TrainingNorm {
-  Shape channel;
-  std::vector<std::int64_t> others;
-  std::int64_t count = 1;  // elements per channel
-};
-inline TrainingNorm training_norm(const Shape& x, std::span<const Shape* const> params, double eps, std::int64_t axis,
-                                  std::string_view what) {
-  if (x.empty()) fail<ShapeError>(what, ": input of shape () has no channel axis");
-  if (!(eps > 0)) fail<ValueError>(what, ": eps ", eps, " must be positive");
-  const int a = hybra::detail::checked_axis(axis, x, std::string(what));
-  const std::int64_t C = x[static_cast<std::size_t>(a)];
-  const char* names[] = {"gamma", "beta", "mean", "var"};
-  for (std::size_t k = 0; k < params.size(); ++k)
-    if (*params[k] != Shape{C})
-      fail<ShapeError>(what, ": ", names[k], " of shape ", to_string(*params[k]), " does not match input of shape ",
-                       to_string(x), " (expected (", C, ",), the size of axis ", axis, ")");
-  TrainingNorm n{Shape(x.size(), 1), {}, 1};
-  n.channel[static_cast<std::size_t>(a)] = C;
-  for (std::size_t d = 0; d < x.size(); ++d) {
-    if (static_cast<int>(d) == a) continue;
-    n.others.push_back(static_cast<std::int64_t>(d));
-    n.count *= x[d];
-  }
-  return n;
+// batch_norm_training's operands, checked (batch_norm.hpp's channel_axis).
+inline ChannelAxis training_axis(const Shape& x, std::span<const Shape* const> params, double eps, std::int64_t axis,
+                                 std::string_view what) {
+  static constexpr const char* names[] = {"gamma", "beta", "mean", "var"};
+  return channel_axis(x, params, names, eps, axis, what);
 }
-
 }  // namespace detail::nn
 
 // BatchNorm's training form (above): mean and var must be x's batch
@@ -66,7 +43,7 @@ Tensor batch_norm_training(X&& x, const Tensor& gamma, const Tensor& beta, const
   const Tensor data = eval(x);
   for (const Tensor* t : {&data, &gamma, &beta, &mean, &var}) t->require("batch_norm_training");
   const Shape* params[] = {&gamma.shape(), &beta.shape(), &mean.shape(), &var.shape()};
-  const auto n = detail::nn::training_norm(data.shape(), params, eps, axis, "batch_norm_training");
+  const auto n = detail::nn::training_axis(data.shape(), params, eps, axis, "batch_norm_training");
   autograd::op_record rec("batch_norm_training", {data, gamma, beta, mean, var});
   const Tensor scale = reshape(gamma / sqrt(var + eps), n.channel);
   Tensor y = eval((data - reshape(mean, n.channel)) * scale + reshape(beta, n.channel));
@@ -87,7 +64,7 @@ struct batch_norm_training {
   static auto decompose(const C& c) {
     const Shape* params[] = {&c.shape(1), &c.shape(2), &c.shape(3), &c.shape(4)};
     const double eps = c.double_attr("eps");
-    const auto n = hybra::detail::nn::training_norm(c.shape(0), params, eps, c.int_attr("axis"), name);
+    const auto n = hybra::detail::nn::training_axis(c.shape(0), params, eps, c.int_attr("axis"), name);
     auto scale = c.reshape(c.sym(c.in[1] / c.sqrt(c.in[4] + eps)), n.channel);
     return c.sym((c.in[0] - c.reshape(c.in[3], n.channel)) * scale + c.reshape(c.in[2], n.channel));
   }
@@ -95,7 +72,7 @@ struct batch_norm_training {
   static auto gradient(const G& g) {
     const Shape* params[] = {&g.shape(1), &g.shape(2), &g.shape(3), &g.shape(4)};
     const auto n =
-        hybra::detail::nn::training_norm(g.shape(0), params, g.double_attr("eps"), g.int_attr("axis"), "gradient");
+        hybra::detail::nn::training_axis(g.shape(0), params, g.double_attr("eps"), g.int_attr("axis"), "gradient");
     const double count = static_cast<double>(n.count);
     auto rstd = g.sym(1 / g.sqrt(g.in[4] + g.double_attr("eps")));
     auto centred = g.sym(g.in[0] - g.reshape(g.in[3], n.channel));
