@@ -28,6 +28,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -44,6 +45,7 @@
 #include "../../core/error.hpp"
 #include "../../core/setting.hpp"
 #include "../../core/storage.hpp"
+#include "host_memory.hpp"
 #include "threads.hpp"
 
 namespace hybra::backend::cpu::onednn {
@@ -147,19 +149,39 @@ inline dnnl::memory thread_buffer(int slot, const dnnl::memory::desc& layout) {
   return {layout, engine(), b.bytes.get()};
 }
 
-// A copy of `data` in `want`'s layout, in memory of its own.
-inline dnnl::memory reordered(const dnnl::memory::desc& want, dnnl::memory data) {
-  dnnl::memory copy(want, engine());
-  dnnl::reorder(data, copy).execute(stream(), data, copy);
-  return copy;
-}
+// Host memory of its own for a layout, from HostMemory: a training step
+// writes its weights, so each step derives their blocked copies again, and
+// memory fresh from malloc would fault in and zero a page at every 4 KiB of
+// each copy first (docs/benchmarks.md, "Weights' blocked copies in kept
+// memory").
+class OwnMemory {
+ public:
+  explicit OwnMemory(const dnnl::memory::desc& layout)
+      : block_(HostMemory::instance().allocate(rounded(layout.get_size()))) {
+    if (!block_.pointer) throw std::bad_alloc();
+    memory_ = dnnl::memory(layout, engine(), block_.pointer);
+  }
+  ~OwnMemory() { HostMemory::instance().release(block_.pointer, block_.bytes); }
+  OwnMemory(const OwnMemory&) = delete;
+  OwnMemory& operator=(const OwnMemory&) = delete;
+  const dnnl::memory& memory() const { return memory_; }
+
+ private:
+  static std::size_t rounded(std::size_t bytes) {
+    constexpr std::size_t a = HostMemory::alignment;
+    return (std::max<std::size_t>(bytes, 1) + a - 1) / a * a;
+  }
+  HostMemory::Block block_;
+  dnnl::memory memory_;
+};
 
 // Weights in the layout `desc` that a primitive reads, derived from plain
 // weights at `offset` bytes into their storage.
 struct KeptWeights {
+  KeptWeights(std::ptrdiff_t at, const dnnl::memory::desc& layout) : offset(at), desc(layout), blocked(layout) {}
   std::ptrdiff_t offset;
   dnnl::memory::desc desc;
-  dnnl::memory blocked;
+  OwnMemory blocked;
 };
 
 // `data` as a memory of `want`'s layout: itself, or a reordered copy in the
@@ -182,11 +204,13 @@ inline dnnl::memory kept_weights(const dnnl::memory::desc& want, const dnnl::mem
   const auto kept = storage->derived<KeptWeights>(
       [&](const KeptWeights& f) { return f.offset == offset && f.desc == want; },
       [&] {
-        auto made = std::make_shared<KeptWeights>(KeptWeights{offset, want, reordered(want, plain)});
+        auto made = std::make_shared<KeptWeights>(offset, want);
+        dnnl::memory from = plain, to = made->blocked.memory();
+        dnnl::reorder(from, to).execute(stream(), from, to);
         stream().wait();
         return made;
       });
-  return kept->blocked;
+  return kept->blocked.memory();
 }
 
 // Runs `call`, rethrowing oneDNN's errors (and a failed allocation) as
