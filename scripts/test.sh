@@ -50,8 +50,11 @@ TSAN="-fsanitize=thread"
 
 # allocator_may_return_null (ASan and TSan): the tests check that an impossible
 # allocation is an OutOfMemory exception, which needs the allocator to fail
-# rather than abort.
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1:strict_string_checks=1:detect_stack_use_after_return=1}
+# rather than abort. max_free_fill_size: freed memory (up to 1 GiB a block) is
+# overwritten with 0x55 bytes (1.5e13 as a float), so that a read after free
+# by code ASan does not see (oneDNN, OpenBLAS) gives a wrong answer the tests
+# catch, not the old values.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1:strict_string_checks=1:detect_stack_use_after_return=1:max_free_fill_size=1073741824}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # second_deadlock_stack: a lock-order report shows where both mutexes were taken.
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1}

@@ -335,6 +335,14 @@ TEST_CASE("fully_connected on oneDNN: the reference, the same bits at every thre
     CHECK(error(w, fully_connected(x, w, b).to_vector<float>()) <= 1e-6);
     random_normal({c.units, c.in_units}).copy_to(w);
     CHECK(error(w, fully_connected(x, w, b).to_vector<float>()) <= 1e-6);
+    // Weights whose storage keeps no copy (a pointer handed out, a user's buffer): each call's own copy lives
+    // until the product has read it.
+    float* raw = w.data<float>();
+    raw[0] += 1.0f;
+    CHECK(error(w, fully_connected(x, w, b).to_vector<float>()) <= 1e-6);
+    std::vector<float> user = w.to_vector<float>();
+    const Tensor blob = from_blob(user.data(), {c.units, c.in_units});
+    CHECK(error(blob, fully_connected(x, blob, b).to_vector<float>()) <= 1e-6);
     // Two weights in one storage: each view's copy is its own.
     const Tensor both = random_normal({2 * c.units, c.in_units});
     for (const std::int64_t first_unit : {std::int64_t{0}, c.units, std::int64_t{0}}) {

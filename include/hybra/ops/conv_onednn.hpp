@@ -182,9 +182,10 @@ inline void onednn_conv2d(const float* x, const float* w, const float* b, float*
                           pd.scratchpad_desc()};
     });
     const dnnl::memory bias = b ? o::wrap({g.F}, o::tag::x, b) : dnnl::memory();
+    const auto w_in_layout = o::cpu::kept_weights(p.in1, o::wrap(d.w, o::tag::oihw, w), w, weights);
     o::execute(p, DNNL_ARG_SRC, o::wrap(d.x, o::activations(layouts.input), x), DNNL_ARG_WEIGHTS,
-               o::cpu::kept_weights(p.in1, o::wrap(d.w, o::tag::oihw, w), w, weights), DNNL_ARG_DST,
-               o::wrap(d.y, o::activations(layouts.output), out), b ? &bias : nullptr);
+               w_in_layout.memory, DNNL_ARG_DST, o::wrap(d.y, o::activations(layouts.output), out),
+               b ? &bias : nullptr);
   });
 }
 

@@ -96,11 +96,12 @@ inline void onednn_dense(const float* x, const float* w, const float* b, float* 
     // One part writes out directly; several write each its columns through
     // the thread's buffer (oneDNN's kernels take no row stride there).
     const dnnl::memory::desc result_desc = o::plain({M, units}, o::tag::nc);
+    const auto w_in_layout = o::cpu::kept_weights(p.weights, plain_w, part_w, weights);
     const dnnl::memory result = cut.parts == 1 ? dnnl::memory(result_desc, o::cpu::engine(), out)
                                                : o::cpu::thread_buffer(2, result_desc);
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, dnnl::memory(o::plain({M, K}, o::tag::nc), o::cpu::engine(), const_cast<float*>(x))},
-        {DNNL_ARG_WEIGHTS, o::cpu::in_layout(p.weights, o::cpu::kept_weights(p.weights, plain_w, part_w, weights), 1)},
+        {DNNL_ARG_WEIGHTS, o::cpu::in_layout(p.weights, w_in_layout.memory, 1)},
         {DNNL_ARG_DST, result}};
     if (b)
       args.emplace(DNNL_ARG_BIAS, dnnl::memory(o::plain({units}, o::tag::x), o::cpu::engine(), const_cast<float*>(b + n0)));

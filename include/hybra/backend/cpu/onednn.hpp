@@ -193,15 +193,24 @@ inline dnnl::memory in_layout(const dnnl::memory::desc& want, dnnl::memory data,
   return copy;
 }
 
+// Weights as a primitive reads them, and the copy that holds their memory
+// (null where `memory` is the plain weights): the caller keeps this while
+// the primitive runs, as the storage may drop its copy at any time (a write,
+// a pointer handed out, another layout kept in its place).
+struct WeightsInLayout {
+  dnnl::memory memory;
+  std::shared_ptr<const KeptWeights> copy;
+};
+
 // `plain` (whose data is w, in `storage`) in the layout `want`: the copy
 // kept with the storage while its bytes stay unchanged
 // (core/derived_forms.hpp), or, where there is no storage to keep it with,
 // `plain` itself, for the caller to reorder per call (in_layout).
-inline dnnl::memory kept_weights(const dnnl::memory::desc& want, const dnnl::memory& plain, const void* w,
-                                 Storage* storage) {
-  if (!storage || want == plain.get_desc()) return plain;
+inline WeightsInLayout kept_weights(const dnnl::memory::desc& want, const dnnl::memory& plain, const void* w,
+                                    Storage* storage) {
+  if (!storage || want == plain.get_desc()) return {plain, nullptr};
   const std::ptrdiff_t offset = static_cast<const char*>(w) - static_cast<const char*>(storage->data());
-  const auto kept = storage->derived<KeptWeights>(
+  auto kept = storage->derived<KeptWeights>(
       [&](const KeptWeights& f) { return f.offset == offset && f.desc == want; },
       [&] {
         auto made = std::make_shared<KeptWeights>(offset, want);
@@ -210,7 +219,7 @@ inline dnnl::memory kept_weights(const dnnl::memory::desc& want, const dnnl::mem
         stream().wait();
         return made;
       });
-  return kept->blocked.memory();
+  return {kept->blocked.memory(), std::move(kept)};
 }
 
 // Runs `call`, rethrowing oneDNN's errors (and a failed allocation) as
