@@ -168,6 +168,61 @@ TEST_CASE("concat: values, promotion, negative axes, strided and empty pieces") 
   CHECK(u.to_vector<int>() == std::vector<int>{200, -1});
 }
 
+// Element by element: out's value at each index is the part's that the axis coordinate falls in.
+static void check_concat(const std::vector<Tensor>& parts, const Tensor& out, int axis) {
+  const auto got = out.to_vector<double>();
+  std::vector<std::vector<double>> values;
+  for (const Tensor& t : parts) values.push_back(t.to_vector<double>());
+  for (std::int64_t i = 0; i < out.size(); ++i) {
+    auto idx = unravel(i, out.shape());
+    std::size_t k = 0;
+    while (idx[static_cast<std::size_t>(axis)] >= parts[k].shape()[static_cast<std::size_t>(axis)])
+      idx[static_cast<std::size_t>(axis)] -= parts[k++].shape()[static_cast<std::size_t>(axis)];
+    if (got[static_cast<std::size_t>(i)] != values[k][static_cast<std::size_t>(ravel(idx, parts[k].shape()))]) {
+      CAPTURE(i);
+      FAIL_CHECK("concat wrote another value");
+      return;
+    }
+  }
+}
+
+// A value of NCHW shape lying NHWC, as a CPU plan keeps it (jit/channels_last.hpp).
+static Tensor lying_nhwc(const Tensor& t) {
+  const Shape& d = t.shape();
+  Tensor out = Tensor(Shape{d[0], d[2], d[3], d[1]}, t.dtype());
+  out.assign(transpose(t, {0, 2, 3, 1}));
+  return transpose(out, {0, 3, 1, 2});
+}
+
+TEST_CASE("concat of parts that lie densely in out's order: one pass, any axis, layout and dtype") {
+  for (DType dtype : {DType::float32, DType::float64, DType::int32, DType::uint8}) {
+    CAPTURE(name(dtype));
+    const Tensor a = Tensor(iota({2, 3, 4, 5}) + 1).astype(dtype), b = Tensor(iota({2, 1, 4, 5}) + 200).astype(dtype),
+                 e = zeros({2, 0, 4, 5}, dtype);
+    // Contiguous parts along every axis: rows of whole images, of channels, of pixels.
+    for (int axis = 0; axis < 4; ++axis) {
+      CAPTURE(axis);
+      Shape other = a.shape();
+      other[static_cast<std::size_t>(axis)] = 2;
+      const std::vector<Tensor> parts{a, Tensor(iota(other) * 3).astype(dtype)};
+      check_concat(parts, concat(parts, axis), axis);
+    }
+    check_concat({a, e, b}, concat({a, e, b}, 1), 1);
+    // NHWC parts into an NHWC buffer along channels (DenseNet's, in a plan), and an NHWC part among NCHW ones.
+    const std::vector<Tensor> nhwc{lying_nhwc(a), lying_nhwc(e), lying_nhwc(b)};
+    const Tensor out = lying_nhwc(zeros({2, 4, 4, 5}, dtype));
+    detail::concat_into(nhwc, out, 1);
+    check_concat(nhwc, out, 1);
+    check_concat({a, nhwc[2]}, concat({a, nhwc[2]}, 1), 1);
+  }
+  // Rows enough for both threads, each starting and ending inside a part's run.
+  const std::vector<Tensor> wide{random_normal({3, 37, 5, 7}), random_normal({3, 11, 5, 7})};
+  const Tensor joined = lying_nhwc(zeros({3, 48, 5, 7}));
+  const std::vector<Tensor> wide_nhwc{lying_nhwc(wide[0]), lying_nhwc(wide[1])};
+  detail::concat_into(wide_nhwc, joined, 1);
+  check_concat(wide, joined, 1);
+}
+
 TEST_CASE("concat: errors name the op and the shapes") {
   CHECK_THROWS_WITH_AS(concat({zeros({2, 3}), zeros({3, 3})}, 1),
                        "concat: shapes (2, 3) and (3, 3) do not match outside axis 1", ShapeError);

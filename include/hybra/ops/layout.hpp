@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <numeric>
 #include <optional>
@@ -190,6 +191,47 @@ inline std::vector<Tensor> concat_views(std::span<const Tensor> parts, const Ten
   }
   return views;
 }
+// Whether t, its dims in the order given, lies densely, row-major (dims of
+// extent 1 aside, whose strides say nothing).
+inline bool dense_in_order(const Tensor& t) {
+  std::int64_t next = 1;
+  for (int d = t.ndim() - 1; d >= 0; --d) {
+    if (t.shape()[d] == 1) continue;
+    if (t.strides()[d] != next) return false;
+    next *= t.shape()[d];
+  }
+  return true;
+}
+
+// concat where out and every part lie densely in out's memory order (walked
+// below) in one dtype on the host: out is rows of one run of each part after
+// the other (DenseNet's NHWC concatenations: per pixel, the channels so far,
+// then the layer's 32; an NCHW one along channels: per image), copied with
+// memcpy in one pass over out, split evenly over the threads. The per-part
+// copies below walk out once per part, and a part of few channels moves runs
+// of a few cache lines each (docs/benchmarks.md, "Concatenations in one
+// pass").
+inline void concat_rows(std::vector<Tensor> parts, const Tensor& out, int at) {
+  std::int64_t rows = 1;
+  for (int d = 0; d < at; ++d) rows *= out.shape()[d];
+  std::vector<std::int64_t> starts{0};  // each part's first element within a row of out
+  for (const Tensor& t : parts) starts.push_back(starts.back() + (rows ? t.size() / rows : 0));
+  push_op("concat", parts, {out}, [parts, out, rows, starts] {
+    const std::int64_t row = starts.back(), bytes = static_cast<std::int64_t>(size_of(out.dtype()));
+    auto* dst = static_cast<char*>(out.raw_data());
+    backend::cpu::parallel_for(rows * row, 1, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end;) {
+        const std::int64_t r = i / row, within = i % row;
+        const auto k = static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), within) - starts.begin() - 1);
+        const std::int64_t block = starts[k + 1] - starts[k], n = std::min(starts[k + 1] - within, end - i);
+        const auto* src = static_cast<const char*>(parts[k].raw_data()) + (r * block + within - starts[k]) * bytes;
+        std::memcpy(dst + i * bytes, src, static_cast<std::size_t>(n * bytes));
+        i += n;
+      }
+    });
+  });
+}
+
 // Writes each part into its place in out along axis ax, converting to out's
 // dtype. Parts never overlap out: out is fresh, or a CPU plan's buffer that
 // no live value shares (jit/plan.hpp).
@@ -209,8 +251,17 @@ inline void concat_into(std::span<const Tensor> parts, const Tensor& out, int ax
     }
     return t.view(shape, strides, t.offset());
   };
+  std::vector<Tensor> walked_parts;
+  bool rows = out.device().kind == DeviceKind::cpu && dense_in_order(walked(out));
+  for (const Tensor& t : parts) {
+    walked_parts.push_back(walked(t));
+    rows = rows && t.device().kind == DeviceKind::cpu && t.dtype() == out.dtype() && dense_in_order(walked_parts.back());
+  }
+  if (rows)
+    return concat_rows(std::move(walked_parts), walked(out),
+                       static_cast<int>(std::find(order.begin(), order.end(), static_cast<std::size_t>(ax)) - order.begin()));
   for (std::size_t k = 0; k < parts.size(); ++k)
-    if (parts[k].size()) copy_into(walked(parts[k]), walked(views[k]));
+    if (parts[k].size()) copy_into(walked_parts[k], walked(views[k]));
 }
 }  // namespace detail
 
