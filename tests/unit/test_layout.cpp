@@ -211,7 +211,7 @@ TEST_CASE("concat of parts that lie densely in out's order: one pass, any axis, 
     // NHWC parts into an NHWC buffer along channels (DenseNet's, in a plan), and an NHWC part among NCHW ones.
     const std::vector<Tensor> nhwc{lying_nhwc(a), lying_nhwc(e), lying_nhwc(b)};
     const Tensor out = lying_nhwc(zeros({2, 4, 4, 5}, dtype));
-    detail::concat_into(nhwc, out, 1);
+    hybra::detail::concat_into(nhwc, out, 1);
     check_concat(nhwc, out, 1);
     check_concat({a, nhwc[2]}, concat({a, nhwc[2]}, 1), 1);
   }
@@ -219,7 +219,7 @@ TEST_CASE("concat of parts that lie densely in out's order: one pass, any axis, 
   const std::vector<Tensor> wide{random_normal({3, 37, 5, 7}), random_normal({3, 11, 5, 7})};
   const Tensor joined = lying_nhwc(zeros({3, 48, 5, 7}));
   const std::vector<Tensor> wide_nhwc{lying_nhwc(wide[0]), lying_nhwc(wide[1])};
-  detail::concat_into(wide_nhwc, joined, 1);
+  hybra::detail::concat_into(wide_nhwc, joined, 1);
   check_concat(wide, joined, 1);
 }
 
