@@ -252,12 +252,13 @@ inline void concat_into(std::span<const Tensor> parts, const Tensor& out, int ax
     return t.view(shape, strides, t.offset());
   };
   std::vector<Tensor> walked_parts;
-  bool rows = out.device().kind == DeviceKind::cpu && dense_in_order(walked(out));
+  bool one_pass = out.device().kind == DeviceKind::cpu && dense_in_order(walked(out));
   for (const Tensor& t : parts) {
     walked_parts.push_back(walked(t));
-    rows = rows && t.device().kind == DeviceKind::cpu && t.dtype() == out.dtype() && dense_in_order(walked_parts.back());
+    one_pass = one_pass && t.device().kind == DeviceKind::cpu && t.dtype() == out.dtype() &&
+               dense_in_order(walked_parts.back());
   }
-  if (rows)
+  if (one_pass)
     return concat_rows(std::move(walked_parts), walked(out),
                        static_cast<int>(std::find(order.begin(), order.end(), static_cast<std::size_t>(ax)) - order.begin()));
   for (std::size_t k = 0; k < parts.size(); ++k)
