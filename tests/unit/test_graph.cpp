@@ -491,6 +491,38 @@ TEST_CASE("a CPU plan sums a loop's value as it computes it, never writing it, w
   }
 }
 
+TEST_CASE("a CPU plan's loop over rows shorter than a block reads each row's operands right, call after call") {
+  // NHWC's rows of channels: a per-channel operand is the same in every row and is gathered once per block of
+  // whole rows; a per-pixel one and one that changes with H are gathered row by row.
+  for (std::int64_t c : {1, 3, 96, 100, 128, 255}) {
+    CAPTURE(c);
+    auto x = sym::var("x", Shape{3, 5, 7, c}), s = sym::var("s", Shape{1, 1, 1, c});
+    auto p = sym::var("p", Shape{3, 5, 7, 1}), q = sym::var("q", Shape{1, 5, 1, c});
+    jit::Plan plan(graph::optimize(graph::trace({relu(x * s + p) * q + s})), cpu(), false, "short rows");
+    for (int call = 0; call < 2; ++call) {
+      CAPTURE(call);
+      const Tensor xv = random_normal({3, 5, 7, c}), sv = random_normal({1, 1, 1, c});
+      const Tensor pv = random_normal({3, 5, 7, 1}), qv = random_normal({1, 5, 1, c});
+      const auto X = xv.to_vector<float>(), S = sv.to_vector<float>(), P = pv.to_vector<float>(), Q = qv.to_vector<float>();
+      std::vector<double> want(X.size());
+      for (std::size_t i = 0; i < X.size(); ++i) {
+        const std::size_t ch = i % static_cast<std::size_t>(c), pixel = i / static_cast<std::size_t>(c), h = pixel / 7 % 5;
+        const double a = std::max(double(X[i]) * S[ch] + P[pixel], 0.0);
+        want[i] = a * Q[h * static_cast<std::size_t>(c) + ch] + S[ch];
+      }
+      std::vector<Tensor> in;
+      for (int v : plan.graph().vars()) {
+        const std::string& name = plan.graph().nodes[static_cast<std::size_t>(v)].name;
+        in.push_back(name == "x" ? xv : name == "s" ? sv : name == "p" ? pv : qv);
+      }
+      const auto got = plan(in)[0].to_vector<float>();
+      double worst = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / (1 + std::abs(want[i])));
+      CHECK(worst <= 1e-5);
+    }
+  }
+}
+
 TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's peak shows it") {
   auto x = sym::var("x", Shape{16, 64});
   Symbol h = x;

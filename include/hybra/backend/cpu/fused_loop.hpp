@@ -94,7 +94,10 @@ class FusedLoop {
     plan_ = std::make_shared<hybra::detail::strided_plan>(leaves, out);
     size_ = out.size();
     const auto& plan = *plan_;
-    for (std::size_t k = 0; k < input_layouts.size(); ++k) dense_.push_back(plan.strides[k] == plan.strides.back());
+    for (std::size_t k = 0; k < input_layouts.size(); ++k) {
+      dense_.push_back(plan.strides[k] == plan.strides.back());
+      same_rows_.push_back(std::all_of(plan.strides[k].begin(), plan.strides[k].end() - 1, [](auto s) { return s == 0; }));
+    }
   }
 
   const FusedProgram& program() const { return p_; }
@@ -115,7 +118,8 @@ class FusedLoop {
   template <class T>
   class Registers {
    public:
-    explicit Registers(const FusedProgram& p) : p_(p), filled_(static_cast<std::size_t>(p.inputs), nullptr) {
+    explicit Registers(const FusedProgram& p)
+        : p_(p), filled_(static_cast<std::size_t>(p.inputs), nullptr), tiled_(static_cast<std::size_t>(p.inputs)) {
       thread_local std::vector<T> scratch;
       thread_local std::vector<const T*> r;
       const auto regs = static_cast<std::size_t>(p.registers);
@@ -144,10 +148,12 @@ class FusedLoop {
           // register is filled when that value's address changes, not per block.
           if (filled_[ks] != src) std::fill_n(buf(k), detail::block, *src);
           filled_[ks] = src;
+          tiled_[ks] = {};
           r_[k] = buf(k);
         } else {
           T* d = buf(k);
           for (std::int64_t i = 0; i < n; ++i) d[i] = src[i * s];
+          tiled_[ks] = {};
           r_[k] = d;
         }
       }
@@ -157,9 +163,12 @@ class FusedLoop {
     // Runs the program over the n <= block elements from element `at` of
     // the result, which may cross rows (rows shorter than a block): inputs
     // that lie as the result does are read in place, the others gathered
-    // row by row. off: room for an offset per operand.
-    void span(const hybra::detail::strided_plan& plan, std::span<const bool> dense, const T* const* in, std::int64_t at,
-              std::int64_t n, T* dst, std::int64_t* off) {
+    // row by row. off: room for an offset per operand. An input that is the
+    // same in every row (a per-channel scale over NHWC's rows of channels)
+    // is gathered once for spans that start a row: such spans of one length
+    // gather the same elements.
+    void span(const hybra::detail::strided_plan& plan, std::span<const bool> dense, std::span<const bool> same_rows,
+              const T* const* in, std::int64_t at, std::int64_t n, T* dst, std::int64_t* off) {
       // The next row's offsets are the last one's plus the stride of the
       // dimension outside the rows, until that dimension wraps round: no
       // division per row.
@@ -167,11 +176,19 @@ class FusedLoop {
       const std::int64_t wrap = plan.dims.size() >= 2 ? plan.dims[outer] : 1;
       std::int64_t row = at / plan.inner, from = at % plan.inner, digit = row % wrap;
       plan.locate_row(row, 0, off);
+      boost::container::small_vector<bool, 8> gathered(static_cast<std::size_t>(p_.inputs));
+      for (int k = 0; k < p_.inputs; ++k) {
+        const auto ks = static_cast<std::size_t>(k);
+        if (dense[ks]) continue;
+        const Tiled start{in[k] + off[ks], n};
+        gathered[ks] = from == 0 && same_rows[ks] && tiled_[ks].src == start.src && tiled_[ks].count >= n;
+        tiled_[ks] = from == 0 && same_rows[ks] ? start : Tiled{};
+      }
       for (std::int64_t pos = at; pos < at + n;) {
         const std::int64_t len = std::min(at + n - pos, plan.inner - from);
         for (int k = 0; k < p_.inputs; ++k) {
           const auto ks = static_cast<std::size_t>(k);
-          if (dense[ks]) continue;
+          if (dense[ks] || gathered[ks]) continue;
           const std::int64_t s = plan.inner_stride[ks];
           const T* src = in[k] + off[ks] + from * s;
           T* d = buf(k) + (pos - at);
@@ -205,10 +222,17 @@ class FusedLoop {
       }
     }
     T* buf(int k) { return scratch_ + static_cast<std::size_t>(k) * detail::block; }
+    // What an input's register holds after span(): its rows from `src`, over
+    // `count` elements (none: count 0).
+    struct Tiled {
+      const T* src = nullptr;
+      std::int64_t count = 0;
+    };
     const FusedProgram& p_;
     T* scratch_;
     const T** r_;
     boost::container::small_vector<const T*, 8> filled_;
+    boost::container::small_vector<Tiled, 8> tiled_;
   };
 
  public:
@@ -229,8 +253,8 @@ class FusedLoop {
         from_ = at;
         count_ = std::min(capacity, loop_.size_ - at);
         for (std::int64_t b = 0; b < count_; b += detail::block)
-          regs_.span(*loop_.plan_, loop_.dense(), in_, at + b, std::min(detail::block, count_ - b), values_.data() + b,
-                     off_.data());
+          regs_.span(*loop_.plan_, loop_.dense(), loop_.same_rows(), in_, at + b, std::min(detail::block, count_ - b),
+                     values_.data() + b, off_.data());
       }
       return values_.data() + (at - from_);
     }
@@ -251,13 +275,15 @@ class FusedLoop {
     if (size_ == 0) return;
     const auto& plan = *plan_;
     if (plan.inner < detail::block && size_ > plan.inner) {
-      // Rows shorter than a block (a per-channel operand over 4 x 4 pixels): blocks span rows.
-      parallel_for((size_ + detail::block - 1) / detail::block, detail::block, [&](std::int64_t first, std::int64_t last) {
+      // Rows shorter than a block (a per-channel operand over 4 x 4 pixels, NHWC's rows of channels):
+      // blocks of whole rows, so that an operand the same in every row is gathered once per thread.
+      const std::int64_t len = detail::block / plan.inner * plan.inner;
+      parallel_for((size_ + len - 1) / len, len, [&](std::int64_t first, std::int64_t last) {
         Registers<T> regs(p_);
         boost::container::small_vector<std::int64_t, 9> off(static_cast<std::size_t>(p_.inputs) + 1);
         for (std::int64_t b = first; b < last; ++b) {
-          const std::int64_t at = b * detail::block;
-          regs.span(plan, dense(), in, at, std::min(detail::block, size_ - at), out + at, off.data());
+          const std::int64_t at = b * len;
+          regs.span(plan, dense(), same_rows(), in, at, std::min(len, size_ - at), out + at, off.data());
         }
       });
       return;
@@ -277,8 +303,10 @@ class FusedLoop {
   FusedProgram p_;
   std::shared_ptr<const hybra::detail::strided_plan> plan_;
   std::int64_t size_ = 0;
-  boost::container::small_vector<bool, 8> dense_;  // per input: it lies as the result does
+  boost::container::small_vector<bool, 8> dense_;      // per input: it lies as the result does
+  boost::container::small_vector<bool, 8> same_rows_;  // per input: every row of the result reads the same elements
   std::span<const bool> dense() const { return {dense_.data(), dense_.size()}; }
+  std::span<const bool> same_rows() const { return {same_rows_.data(), same_rows_.size()}; }
 };
 
 }  // namespace hybra::backend::cpu
