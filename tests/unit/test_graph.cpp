@@ -447,8 +447,9 @@ TEST_CASE("a CPU plan writes each concat into its planned buffer, with the eager
 TEST_CASE("a CPU plan sums a loop's value as it computes it, never writing it, with the bits of the loop written") {
   auto x = sym::var("x", Shape{4, 6, 5, 7}), g = sym::var("g", Shape{1, 6, 1, 1});
   auto y = sym::var("y", Shape{2, 70000}), z = sym::var("z", Shape{3, 50}, DType::float64);
-  Symbol c = x - mean(x, {0, 2, 3}, true);
-  std::vector<Symbol> loops{c * c, exp(x) * g, x * x * 3, y * 2 + 1, tanh(z) * z};
+  auto w = sym::var("w", Shape{2, 3, 20, 30}), h = sym::var("h", Shape{1, 3, 1, 1});
+  Symbol c = x - mean(x, {0, 2, 3}, true), d = w - h;
+  std::vector<Symbol> loops{c * c, exp(x) * g, x * x * 3, y * 2 + 1, tanh(z) * z, d * d, exp(w) * h};
   std::vector<Symbol> outs{
       reshape(mean(loops[0], {0, 2, 3}, true), {6}),  // BatchNorm's variance (rows of 35), viewed by an output
       sum(loops[1], {0}),                            // a reduced axis outside: rows of 210 columns
@@ -458,6 +459,8 @@ TEST_CASE("a CPU plan sums a loop's value as it computes it, never writing it, w
       max(x * 2, {1}),                               // a max reads its loop's buffer
       sum(sum(x - 1, {2}), {2}) * sum(sum(x - 1, {3}), {2}),  // a loop two sums read: written once
       sum(c, {1}),                                   // a loop read by another loop too
+      mean(loops[5], {0, 2, 3}),                     // rows of 600, longer than a block, each summed alone
+      sum(loops[6]),                                 // pairwise blocks that cross those rows
   };
   const graph::Graph optimised = graph::optimize(graph::trace(outs));
   jit::Plan plan(optimised, cpu(), false, "sums of loops");
@@ -472,7 +475,9 @@ TEST_CASE("a CPU plan sums a loop's value as it computes it, never writing it, w
   const std::unordered_map<std::string, Tensor> in{{"x", random_normal({4, 6, 5, 7})},
                                                    {"g", random_normal({1, 6, 1, 1})},
                                                    {"y", random_normal({2, 70000})},
-                                                   {"z", random_normal({3, 50}).astype(DType::float64)}};
+                                                   {"z", random_normal({3, 50}).astype(DType::float64)},
+                                                   {"w", random_normal({2, 3, 20, 30})},
+                                                   {"h", random_normal({1, 3, 1, 1})}};
   const auto want = planned(written, in);
   const auto eager = graph::run(graph::trace(outs), in);
   auto args = [&](const graph::Graph& gr) {

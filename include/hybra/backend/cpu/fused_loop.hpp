@@ -51,6 +51,16 @@ HYBRA_ROUND_EVERY_OP void run_block(T* out, const T* const* in, std::int64_t n) 
   }
 }
 
+// Asks for the cache lines of a streamed operand two blocks ahead of the n
+// elements from p: between its reads a block's instructions run in L1, and
+// the hardware's prefetcher, which follows the misses, would leave the next
+// block's lines to be fetched when they are read.
+template <class T>
+inline void prefetch_ahead(const T* p, std::int64_t n) {
+  constexpr std::int64_t line = 64 / static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t i = 0; i < n; i += line) __builtin_prefetch(p + 2 * block + i);
+}
+
 template <class T>
 const auto& block_fns() {
   static const auto table = []<std::size_t... I>(std::index_sequence<I...>) {
@@ -142,6 +152,7 @@ class FusedLoop {
         const std::int64_t s = plan.inner_stride[ks];
         const T* src = in[k] + off[ks] + b * s;
         if (s == 1) {
+          detail::prefetch_ahead(src, n);
           r_[k] = src;
         } else if (s == 0) {
           // A broadcast input (a per-channel scale, say) holds one value over a run's blocks: its
@@ -206,7 +217,14 @@ class FusedLoop {
           plan.locate_row(row, 0, off);
         }
       }
-      for (int k = 0; k < p_.inputs; ++k) r_[k] = dense[static_cast<std::size_t>(k)] ? in[k] + at : buf(k);
+      for (int k = 0; k < p_.inputs; ++k) {
+        if (!dense[static_cast<std::size_t>(k)]) {
+          r_[k] = buf(k);
+          continue;
+        }
+        detail::prefetch_ahead(in[k] + at, n);
+        r_[k] = in[k] + at;
+      }
       std::fill(filled_.begin(), filled_.end(), nullptr);  // block() refills a broadcast register after this
       execute(n, dst);
     }
@@ -247,14 +265,27 @@ class FusedLoop {
     // Elements [at, at + n) of the result, n <= capacity. They are computed
     // `capacity` at a time from the first one asked for, so that a reader of
     // short runs in order (rows of a few elements, a sum's pairwise blocks)
-    // computes each element once, in blocks that span its runs.
+    // computes each element once, in blocks that span its runs. Where the
+    // loop's rows are long and the run lies in one, the elements computed
+    // end with that row: a reader of rows (BatchNorm's sums over NCHW's
+    // planes) then computes none twice, and a broadcast operand is filled
+    // once per row, not per block.
     const T* run(std::int64_t at, std::int64_t n) {
       if (at < from_ || at + n > from_ + count_) {
+        const auto& plan = *loop_.plan_;
+        const std::int64_t from = at % plan.inner;
         from_ = at;
         count_ = std::min(capacity, loop_.size_ - at);
-        for (std::int64_t b = 0; b < count_; b += detail::block)
-          regs_.span(*loop_.plan_, loop_.dense(), loop_.same_rows(), in_, at + b, std::min(detail::block, count_ - b),
-                     values_.data() + b, off_.data());
+        if (plan.inner >= detail::block && from + n <= plan.inner) {
+          count_ = std::min(count_, plan.inner - from);
+          plan.locate_row(at / plan.inner, 0, off_.data());
+          for (std::int64_t b = 0; b < count_; b += detail::block)
+            regs_.block(plan, in_, off_.data(), from + b, std::min(detail::block, count_ - b), values_.data() + b);
+        } else {
+          for (std::int64_t b = 0; b < count_; b += detail::block)
+            regs_.span(plan, loop_.dense(), loop_.same_rows(), in_, at + b, std::min(detail::block, count_ - b),
+                       values_.data() + b, off_.data());
+        }
       }
       return values_.data() + (at - from_);
     }
