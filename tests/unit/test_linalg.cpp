@@ -290,7 +290,7 @@ TEST_CASE("fully_connected of up to four rows (one pass over the weight): the re
 }
 
 // Where oneDNN is built in, these products run on it (ops/dense_onednn.hpp): the first and the third cut into
-// several parts of units, the second into one; a 2048 x 2048 weight (2^22 elements) takes it from 2 rows.
+// several parts of units, the second into one; a 2048 x 2048 weight (2^22 elements) takes it from 3 rows.
 TEST_CASE("fully_connected on oneDNN: the reference, the same bits at every thread count, weights kept while unchanged") {
   const int saved = num_threads();
   struct Case {

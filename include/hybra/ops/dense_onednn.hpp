@@ -26,16 +26,18 @@ namespace hybra::detail::nn {
 // Where oneDNN wins (docs/benchmarks.md): beyond the rows hybra's GEMV takes
 // (gemv_max_rows), every weight of at least 4096 elements (below,
 // microseconds either way), where OpenBLAS packs the weight again on every
-// call; up to them, from 2 rows, weights of at least 2^22 elements, where the
+// call; up to them, from 3 rows, weights of at least 2^22 elements, where the
 // GEMV's one pass over the weight is slower than oneDNN's blocked kernel
-// (below, oneDNN's parts cost more than they save). One row stays the GEMV,
-// which reads the weight once at the memory's speed.
+// (below, oneDNN's parts cost more than they save). One and two rows stay the
+// GEMV, which reads the weight once at about the memory's speed: oneDNN's
+// kernel for two rows gained at most a sixth over it on Zen 5 and lost a
+// quarter to a half on Zen 4 (VGG's and AlexNet's classifiers at batch 2).
 inline bool onednn_serves_dense(std::int64_t M, std::int64_t K, std::int64_t N) {
   if (!backend::cpu::onednn::enabled() || M == 0 || K == 0 || N == 0) return false;
   if (backend::cpu::onednn::use() == backend::cpu::onednn::Use::always) return true;
   const std::int64_t weights = K * N;
   if (M > backend::cpu::gemv_max_rows) return weights >= 4096;
-  return M >= 2 && weights >= (std::int64_t{1} << 22);
+  return M >= 3 && weights >= (std::int64_t{1} << 22);
 }
 
 // The units (the weight's rows) cut into about `target` parts of a width
