@@ -425,6 +425,31 @@ TEST_CASE("a CPU plan keeps NHWC through concatenations and loops between oneDNN
   check_kept_nhwc(out, {a, b, c, d, e, f, g, k, m, n}, 6);  // a to f
 }
 
+TEST_CASE("a CPU plan's views view their input where it lies, at each call, with the eager op's values") {
+  auto x = sym::var("x", Shape{4, 6, 5}), v = sym::var("v", Shape{6, 4});
+  Symbol a = x * 2;
+  Symbol rows = reshape(slice(a, 0, 1, 3), {2, 30});  // a view at 30 elements into a's planned buffer, viewed again
+  Symbol across = transpose(a, {2, 0, 1});            // strided
+  Symbol input_view = reshape(v, {24});               // a view of an input
+  std::vector<Symbol> outs{rows * 3 + 1, sum(across * across, {0}), input_view + 1, slice(a, 0, 2, 4)};
+  const graph::Graph g = graph::optimize(graph::trace(outs));
+  jit::Plan plan(g, cpu(), false, "views");
+  for (int call = 0; call < 3; ++call) {
+    CAPTURE(call);
+    const Tensor xv = random_normal({4, 6, 5});
+    // The third call's v is a transposed view, which the plan copies contiguous, as its view step reads it.
+    const Tensor vv = call < 2 ? random_normal({6, 4}) : Tensor(transpose(random_normal({4, 6}), {1, 0}));
+    const auto want = graph::run(graph::trace(outs), {{"x", xv}, {"v", vv}});
+    const auto got = plan({xv, vv});
+    REQUIRE(got.size() == want.size());
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      CAPTURE(k);
+      CHECK(got[k].shape() == want[k].shape());
+      CHECK(got[k].to_vector<float>() == want[k].to_vector<float>());
+    }
+  }
+}
+
 TEST_CASE("a CPU plan writes each concat into its planned buffer, with the eager op's values") {
   auto x = sym::var("x", Shape{2, 4, 8}), y = sym::var("y", Shape{2, 8, 4});
   Symbol a = x * 2;

@@ -182,6 +182,18 @@ class Plan {
     decltype(graph::OpDef::eval_into) into = nullptr;         // an into step's op
     std::optional<Reducing> reducing{};                       // a reduce step's
     bool view = false;                // an eager step whose value is a view of an input (no work)
+    // A view step's value as the plan found it: a view of input `source` at
+    // `offset` elements from it, taken directly rather than through the op,
+    // which costs microseconds for no work (a ResNet's 40 reshapes of
+    // BatchNorm's factors). Only while that input has the dtype, shape and
+    // strides it had then: the layouts a plan gives an eager step's operands
+    // (jit/channels_last.hpp keeps them NCHW); the op is called otherwise.
+    struct ViewOf {
+      int source;
+      Tensor source_layout, layout;
+      std::int64_t offset;
+    };
+    std::optional<ViewOf> view_of{};
     // On a GPU: the loop's kernel (its name until the plan's program is
     // loaded), and a product's GEMM, whose epilogue may have taken the loop's.
     std::string kernel_name{};
@@ -484,6 +496,7 @@ inline void Plan::build() {
     Kind kind;
     std::optional<backend::cuda::CudaLaunch> launch;
     std::optional<Reducing> reducing;
+    std::optional<Step::ViewOf> view_of;
     if (n.op == "var") {
       kind = Kind::input;
     } else if (n.op == "const" || n.op == "scalar") {
@@ -514,7 +527,10 @@ inline void Plan::build() {
       Tensor r = graph::eval_node(n, in, metas);
       layout[i] = r;
       for (std::size_t k = 0; k < in.size(); ++k)
-        if (r.storage() == in[k].storage()) alias[i] = n.inputs[k];
+        if (r.storage() == in[k].storage()) {
+          alias[i] = n.inputs[k];
+          if (r.dtype() == in[k].dtype()) view_of = Step::ViewOf{n.inputs[k], in[k], r, r.offset() - in[k].offset()};
+        }
     } else {
       layout[i] = Tensor(*n.meta.shape, *n.meta.dtype, meta());
       planned[i] = kind == Kind::fused || kind == Kind::product || kind == Kind::pool || kind == Kind::into ||
@@ -522,6 +538,7 @@ inline void Plan::build() {
     }
     Step step{.kind = kind, .node = static_cast<int>(i)};
     step.view = kind == Kind::eager && alias[i] >= 0;
+    step.view_of = std::move(view_of);
     if (launch && launch->draw_blocks) {
       step.draw_offset = s.draw_blocks;
       step.draw_slot = static_cast<int>(s.draw_slots++);
@@ -906,6 +923,15 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
         break;
       }
       case Kind::eager: {
+        if (const auto& v = step.view_of) {
+          const Tensor& source = *values[static_cast<std::size_t>(v->source)];
+          if (source.dtype() == v->source_layout.dtype() && source.shape() == v->source_layout.shape() &&
+              source.strides() == v->source_layout.strides()) {
+            made[i] = source.view(v->layout.shape(), v->layout.strides(), source.offset() + v->offset);
+            values[i] = &made[i];
+            break;
+          }
+        }
         std::vector<Tensor> in;
         std::vector<graph::Meta> metas;
         for (std::size_t k = 0; k < graph::own_inputs(n); ++k) {
