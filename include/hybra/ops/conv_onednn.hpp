@@ -11,8 +11,9 @@
 //
 // The forward pass reads and writes NHWC, its kernels' fastest layout with
 // the blocked ones (docs/benchmarks.md, "Channels last between oneDNN's
-// convolutions"; wide layers on a few pixels run on the blocked layout,
-// wide_and_small): a captured plan hands it NHWC operands (ConvLayouts) and
+// convolutions"; wide layers on a few pixels, and spatial kernels where
+// oneDNN has no AVX-512, run on the blocked layout: wide_and_small,
+// blocked_below_avx512): a captured plan hands it NHWC operands (ConvLayouts) and
 // keeps them so between convolutions, an eager call reorders NCHW to NHWC
 // and back. Both run the same primitive, so they give the same bits; with
 // oneDNN free to pick the layout its AVX2 kernels summed in another order
@@ -156,12 +157,21 @@ inline dnnl::memory wrap(const dnnl::memory::dims& d, tag t, const float* data) 
 
 inline tag activations(Channels c) { return c == Channels::last ? tag::nhwc : tag::nchw; }
 
-// Whether the forward pass runs on oneDNN's blocked layout (its kernel for
-// training, which oneDNN picks for it) rather than NHWC: wide layers on at
-// most 4 x 4 pixels (D2L's ResNet-18 on Fashion-MNIST's last stage), where
-// NHWC's kernel runs 1.6x slower (docs/benchmarks.md, "Wide layers on few
-// pixels"); the reorders around it move little.
+// Whether the forward pass runs on oneDNN's blocked layout rather than NHWC,
+// its operands reordered around the kernel: wide layers on at most 4 x 4
+// pixels (D2L's ResNet-18 on Fashion-MNIST's last stage), where NHWC's kernel
+// runs 1.6x slower (docs/benchmarks.md, "Wide layers on few pixels"), on
+// oneDNN's kernel for training, which it picks for them; and, on CPUs where
+// oneDNN has no AVX-512, spatial kernels over at least 16 channels, whose
+// AVX2 kernel runs up to a quarter slower on NHWC than on the blocked layout
+// ("Blocked convolutions below AVX-512"). The reorders cost as much as the
+// input and output move, the kernel's gain grows with its multiply-adds: 1x1
+// layers, and fewer than 64 filters on fewer than 28 x 28 pixels (DenseNet's
+// later 3x3 layers), stay NHWC.
 inline bool wide_and_small(const Conv2dGeometry& g) { return g.C >= 512 && g.OH * g.OW <= 16; }
+inline bool blocked_below_avx512(const Conv2dGeometry& g) {
+  return !cpu::avx512() && g.KH * g.KW > 1 && g.C >= 16 && (g.F >= 64 || g.OH * g.OW >= 28 * 28);
+}
 
 }  // namespace onednn_conv
 
@@ -176,8 +186,9 @@ inline void onednn_conv2d(const float* x, const float* w, const float* b, float*
   backend::cpu::onednn::guarded("conv2d", [&] {
     const o::Descs d(g, g.N);
     const auto& p = o::primitives().get(o::key(ConvPass::forward, g, g.N, threads, b != nullptr), [&] {
-      const auto pd = o::wide_and_small(g) ? d.forward(dnnl::prop_kind::forward_training, b != nullptr, o::tag::any)
-                                           : d.forward(dnnl::prop_kind::forward_inference, b != nullptr, o::tag::nhwc);
+      const auto pd = o::wide_and_small(g)         ? d.forward(dnnl::prop_kind::forward_training, b != nullptr, o::tag::any)
+                      : o::blocked_below_avx512(g) ? d.forward(dnnl::prop_kind::forward_inference, b != nullptr, o::tag::any)
+                                                   : d.forward(dnnl::prop_kind::forward_inference, b != nullptr, o::tag::nhwc);
       return o::Primitive{dnnl::convolution_forward(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc(),
                           pd.scratchpad_desc()};
     });

@@ -69,6 +69,23 @@ inline Use use() {
 }
 inline bool enabled() { return use() != Use::off; }
 
+// Whether oneDNN runs its AVX-512 kernels on this CPU (DNNL_MAX_CPU_ISA can
+// lower what it finds). Below AVX-512 its NHWC convolutions run slower than
+// its blocked ones (ops/conv_onednn.hpp).
+inline bool avx512() {
+  static const bool wide = [] {
+    using isa = dnnl::cpu_isa;
+    switch (dnnl::get_effective_cpu_isa()) {
+      case isa::sse41:
+      case isa::avx:
+      case isa::avx2:
+      case isa::avx2_vnni: return false;
+      default: return true;
+    }
+  }();
+  return wide;
+}
+
 inline dnnl::engine& engine() {
   static dnnl::engine cpu(dnnl::engine::kind::cpu, 0);
   return cpu;
