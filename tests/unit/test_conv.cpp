@@ -319,6 +319,9 @@ TEST_CASE("pooling on NHWC operands gives the bits of pooling on NCHW") {
       {{2, 16, 8, 8}, 2, 2, 0},  {{2, 5, 7, 9}, 3, 2, 1},  {{1, 3, 11, 6}, {3, 2}, {1, 2}, {1, 0}},
       {{2, 2, 5, 5}, 5, 1, 2},   {{1, 7, 9, 7}, {2, 4}, 3, {1, 2}},
       {{2, 6, 10, 7}, 3, 2, 1, DType::float32, full}, {{1, 9, 6, 6}, 2, 2, 0, DType::float32, full},
+      // Windows that do not overlap, which pool2d_nhwc reads in place: with padding, uneven, and
+      // the full convention's last window past the right edge.
+      {{1, 5, 7, 9}, 2, 2, 1},  {{2, 4, 9, 7}, {3, 2}, {3, 2}, {1, 1}},  {{1, 3, 7, 7}, 2, 2, 0, DType::float32, full},
   };
   for (const DType dtype : {DType::float32, DType::float64})
     for (const auto& c : cases) {

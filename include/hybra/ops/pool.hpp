@@ -213,18 +213,75 @@ void pool2d(const T* x, T* out, const Pool2dGeometry& g, bool count_include_pad)
   check_buffers(failed, Max ? "max_pool2d" : "avg_pool2d");
 }
 
+// pool2d_nhwc for windows that do not overlap: each window's columns reduced
+// down its rows straight from x, in pool2d's order, the column after the
+// first through a buffer of C values.
+template <class T, bool Max>
+void pool2d_nhwc_in_place(const T* x, T* out, const Pool2dGeometry& g, const PoolDivisors<T>& divisors) {
+  const std::int64_t C = g.C, row_size = g.W * C;
+  const T identity = pool_identity<T, Max>();
+  std::atomic<bool> failed{false};
+  backend::cpu::parallel_for(g.N * g.OH, g.OW * C * g.KH * g.KW, [&](std::int64_t first, std::int64_t last) {
+    ThreadBuffer<T> buffer(C, failed);
+    if (!buffer.get()) return;
+    T* column_sum = buffer.get();
+    for (std::int64_t row = first; row < last; ++row) {
+      const std::int64_t n = row / g.OH, oh = row % g.OH, top = oh * g.sh - g.ph;
+      const std::int64_t r0 = std::max<std::int64_t>(0, top), height = std::min(g.H, top + g.KH) - r0;
+      const T* top_row = x + (n * g.H + r0) * row_size;
+      T* dst_row = out + row * g.OW * C;
+      for (std::int64_t ow = 0; ow < g.OW; ++ow) {
+        T* dst = dst_row + ow * C;
+        for (std::int64_t kw = 0; kw < g.KW; ++kw) {
+          const std::int64_t w = ow * g.sw - g.pw + kw;
+          T* sum = kw == 0 ? dst : column_sum;
+          if (w < 0 || w >= g.W) {
+            std::fill_n(sum, C, identity);
+          } else {
+            const T* column = top_row + w * C;
+            std::copy_n(column, C, sum);
+            for (std::int64_t r = 1; r < height; ++r) {
+              const T* src = column + r * row_size;
+#pragma omp simd
+              for (std::int64_t c = 0; c < C; ++c) sum[c] = pool_op<T, Max>(sum[c], src[c]);
+            }
+          }
+          if (kw == 0) continue;
+#pragma omp simd
+          for (std::int64_t c = 0; c < C; ++c) dst[c] = pool_op<T, Max>(dst[c], sum[c]);
+        }
+        if constexpr (!Max) {
+          const T divisor = divisors(oh, ow);
+#pragma omp simd
+          for (std::int64_t c = 0; c < C; ++c) dst[c] /= divisor;
+        }
+      }
+    }
+  });
+  check_buffers(failed, Max ? "max_pool2d" : "avg_pool2d");
+}
+
 // pool2d on NHWC operands: x (N, H, W, C) into out (N, OH, OW, C), for the
 // values a captured plan keeps NHWC between oneDNN's convolutions
 // (jit/channels_last.hpp). Each output is reduced as pool2d reduces it: down
 // the window's rows that hold input, then along its columns in order, a
 // column in the padding being the identity, and an average divided by
 // PoolDivisors; so both give the same bits. The channels are the vector.
+// Windows that overlap (ResNet's 3x3 at stride 2) share columns, which a
+// buffer of the rows' reductions down the window computes once; windows
+// that do not (VGG's and DenseNet's 2x2 at stride 2) are reduced from the
+// input where it lies, as the buffer would only add a pass over every row
+// (docs/benchmarks.md, "Poolings without overlap read in place").
 template <class T, bool Max>
 void pool2d_nhwc(const T* x, T* out, const Pool2dGeometry& g, bool count_include_pad) {
   const std::int64_t rows = g.N * g.OH, C = g.C, row_size = g.W * C;
   if (rows == 0 || g.OW == 0 || C == 0) return;
   const T identity = pool_identity<T, Max>();
   const PoolDivisors<T> divisors(g, count_include_pad);
+  if (g.KH <= g.sh && g.KW <= g.sw) {
+    pool2d_nhwc_in_place<T, Max>(x, out, g, divisors);
+    return;
+  }
   std::atomic<bool> failed{false};
   backend::cpu::parallel_for(rows, g.OW * C * g.KH * g.KW, [&](std::int64_t first, std::int64_t last) {
     ThreadBuffer<T> columns(row_size, failed);  // each input column's reduction down the window's rows
