@@ -6,18 +6,24 @@
 //
 //  (a) A chain of 10 matrix products: the loop that queues them returns long
 //      before the products are done.
-//  (b) 1000 tiny ops, y = x + 1. In D2L's terms each costs t1 (the front end
-//      checks it, allocates its result and queues it) + t2 (the back end, the
-//      engine's worker, runs it) + t3 (the result is handed back to a waiting
-//      caller). Waiting after every op pays all three, in series, 1000 times;
-//      with one waitall() at the end the front end runs ahead while the worker
-//      computes: t1 + 1000 t2 + t3 when t2 > t1. NaiveEngine (every op run on
-//      the calling thread, no queue) is the baseline without an engine.
+//  (b) 1000 ops y = x + 1 on a 512x512 tensor. In D2L's terms each costs t1
+//      (the front end checks it, allocates its result and queues it) + t2
+//      (the back end, the engine's worker, runs it) + t3 (the result is
+//      handed back to a waiting caller). Waiting after every op pays all
+//      three, in series, 1000 times; with one waitall() at the end the front
+//      end runs ahead while the worker computes, every queued op's result
+//      alive meanwhile. NaiveEngine (every op run on the calling thread, no
+//      queue) is the baseline without an engine.
+//  (c) The same 1000 ops on an 8x8 tensor. A kernel this small is brief: it
+//      runs on the calling thread before its call returns, as a hand-off to
+//      the worker and back would cost more than the add, so waiting after
+//      every op costs no more than one waitall().
 //
-//   async           n = 2000 float32 matrices (median of 3 runs), 1000 tiny ops
-//                   (median of 5 runs)
-//   async --smoke   n = 128, 100 tiny ops, one run; checks the asynchronous
-//                   results against a synchronous (NaiveEngine) recomputation
+//   async           n = 2000 float32 matrices (median of 3 runs), 1000 ops of
+//                   each size (median of 5 runs)
+//   async --smoke   n = 128, 100 ops of each size, one run; checks the
+//                   asynchronous results against a synchronous (NaiveEngine)
+//                   recomputation
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -55,11 +61,11 @@ double max_abs_diff(const hybra::Tensor& a, const hybra::Tensor& b) {
 int main(int argc, char** argv) {
   const bool smoke = example::smoke_run(argc, argv,
       "async: asynchronous computation (D2L 13.2). A chain of 10 products of 2000x2000 float32 matrices\n"
-      "(median of 3 runs) and 1000 tiny ops (median of 5 runs), waiting after each op and once at the end, on the\n"
-      "engine and on NaiveEngine.",
-      "n = 128, 100 tiny ops, one run; checks the asynchronous results against NaiveEngine's");
+      "(median of 3 runs) and 1000 adds on a 512x512 and on an 8x8 tensor (median of 5 runs), waiting after each\n"
+      "op and once at the end, on the engine and on NaiveEngine.",
+      "n = 128, 100 adds of each size, one run; checks the asynchronous results against NaiveEngine's");
   const std::int64_t n = smoke ? 128 : 2000;
-  const int steps = 10, tiny_ops = smoke ? 100 : 1000, runs = smoke ? 1 : 5, big_runs = smoke ? 1 : 3;
+  const int steps = 10, ops = smoke ? 100 : 1000, runs = smoke ? 1 : 5, big_runs = smoke ? 1 : 3;
   auto& engine = hybra::engine::get();
   const bool naive_env = engine.type() == hybra::engine::EngineType::naive;
   std::printf("engine: %s, %d cores\n", naive_env ? "NaiveEngine (synchronous)" : "ThreadedEnginePerDevice",
@@ -87,68 +93,71 @@ int main(int argc, char** argv) {
   std::printf("    loop returned after   %9.3f ms\n", queued);
   std::printf("    wait_to_read returned %9.3f ms   (%.0fx the time to queue)\n", done, done / queued);
 
-  // ---- (b) t1 + t2 + t3, 1000 times ---------------------------------------
-  hybra::Tensor small = hybra::ones({8, 8});
-  hybra::Tensor out;
-  auto per_op_us = [&](auto&& loop) {
-    std::vector<double> us;
-    for (int r = 0; r < runs; ++r) {
-      hybra::waitall();
-      auto start = Clock::now();
-      loop();
-      us.push_back(ms_since(start) * 1000 / tiny_ops);
-    }
-    return median(us);
+  // ---- (b), (c): 1000 adds, waiting after each or once ---------------------
+  struct PerOp {
+    double wait_each, one_waitall, front_end, naive;  // us per op
   };
-  const double sync_each = per_op_us([&] {
-    for (int i = 0; i < tiny_ops; ++i) {
-      out = small + 1;
-      out.wait_to_read();
-    }
-  });
-  std::vector<double> front_us;
-  const double async_all = per_op_us([&] {
-    auto start = Clock::now();
-    for (int i = 0; i < tiny_ops; ++i) out = small + 1;
-    front_us.push_back(ms_since(start) * 1000 / tiny_ops);
-    hybra::waitall();
-  });
-  const double front_only = median(front_us);
-  engine.set_type(hybra::engine::EngineType::naive);
-  const double naive = per_op_us([&] {
-    for (int i = 0; i < tiny_ops; ++i) out = small + 1;
-  });
+  auto time_adds = [&](const hybra::Tensor& x) {
+    hybra::Tensor out;
+    auto per_op_us = [&](auto&& loop) {
+      std::vector<double> us;
+      for (int r = 0; r < runs; ++r) {
+        hybra::waitall();
+        auto start = Clock::now();
+        loop();
+        us.push_back(ms_since(start) * 1000 / ops);
+      }
+      return median(us);
+    };
+    PerOp t{};
+    t.wait_each = per_op_us([&] {
+      for (int i = 0; i < ops; ++i) {
+        out = x + 1;
+        out.wait_to_read();
+      }
+    });
+    std::vector<double> front_us;
+    t.one_waitall = per_op_us([&] {
+      auto start = Clock::now();
+      for (int i = 0; i < ops; ++i) out = x + 1;
+      front_us.push_back(ms_since(start) * 1000 / ops);
+      hybra::waitall();
+    });
+    t.front_end = median(front_us);
+    const auto type = engine.type();
+    engine.set_type(hybra::engine::EngineType::naive);
+    t.naive = per_op_us([&] {
+      for (int i = 0; i < ops; ++i) out = x + 1;
+    });
+    engine.set_type(type);
+    return t;
+  };
+  const hybra::Tensor large = hybra::ones({512, 512}), small = hybra::ones({8, 8});
+  const PerOp b = time_adds(large), c = time_adds(small);
 
-  // D2L's notation: t1 = the front end queues the op, t2 = the back end runs
-  // it, t3 = the result is handed back (the waiting caller is woken).
-  const double t1 = front_only, t2 = std::max(async_all, t1), t3 = std::max(0.0, sync_each - t1 - t2);
-  std::printf("\n(b) %d ops y = x + 1 on an 8x8 float32 tensor, us per op\n", tiny_ops);
-  std::printf("    wait_to_read after every op          %7.2f us   t1 + t2 + t3, in series\n", sync_each);
-  std::printf("    one waitall() at the end             %7.2f us   about max(t1, t2): they overlap\n", async_all);
-  std::printf("      the loop alone (front end)         %7.2f us   t1\n", t1);
-  if (async_all > 1.2 * t1)
-    std::printf("      so the back end per op             %7.2f us   t2: the worker set the pace\n", t2);
-  else
-    std::printf("      so the back end per op            <=%6.2f us   t2: the front end set the pace\n", t2);
-  std::printf("    left for the wake-ups                %7.2f us   t3 = wait-every-op - t1 - t2: the idle\n"
-              "                                                    worker's, then the waiting caller's\n", t3);
-  std::printf("    NaiveEngine (on the calling thread)  %7.2f us   no queue, no worker\n", naive);
-  std::printf("    engine overhead per op: %.2f us of latency (wait-every-op - NaiveEngine),\n", sync_each - naive);
-  std::printf("                            %.2f us of throughput (one-waitall - NaiveEngine)\n", async_all - naive);
+  std::printf("\n(b) %d ops y = x + 1 on a 512x512 float32 tensor (1 MiB each way: queued), us per op\n", ops);
+  std::printf("    wait_to_read after every op          %8.2f us   queue, compute, hand back, in series\n", b.wait_each);
+  std::printf("    one waitall() at the end             %8.2f us\n", b.one_waitall);
+  std::printf("      the loop alone (front end)         %8.2f us   the caller ran ahead of the worker\n", b.front_end);
+  std::printf("    NaiveEngine (on the calling thread)  %8.2f us   no queue, no worker\n", b.naive);
+  std::printf("\n(c) %d ops y = x + 1 on an 8x8 float32 tensor (256 bytes each way: brief), us per op\n", ops);
+  std::printf("    wait_to_read after every op          %8.2f us   each ran before its call returned\n", c.wait_each);
+  std::printf("    one waitall() at the end             %8.2f us\n", c.one_waitall);
+  std::printf("    NaiveEngine (on the calling thread)  %8.2f us\n", c.naive);
 
   // ---- check: the same work done synchronously gives the same values --------
   // (set_type waits for pending work, then runs every op on this thread.)
   hybra::Tensor y_sync = matmul_chain(x, y0, steps);
   hybra::Tensor chain_sync = small;
-  for (int i = 0; i < tiny_ops; ++i) chain_sync = chain_sync + 1;
+  for (int i = 0; i < ops; ++i) chain_sync = chain_sync + 1;
   engine.set_type(naive_env ? hybra::engine::EngineType::naive : hybra::engine::EngineType::threaded);
   hybra::Tensor chain = small;
-  for (int i = 0; i < tiny_ops; ++i) chain = chain + 1;  // 1000 dependent ops, queued at once
+  for (int i = 0; i < ops; ++i) chain = chain + 1;  // 1000 dependent ops
   const double diff_mm = max_abs_diff(y, y_sync), diff_chain = max_abs_diff(chain, chain_sync);
-  const bool ok = diff_mm <= 1e-4 && diff_chain == 0 && chain.to_vector<float>()[0] == 1 + tiny_ops;
+  const bool ok = diff_mm <= 1e-4 && diff_chain == 0 && chain.to_vector<float>()[0] == 1 + ops;
 
   std::printf("\nasync vs synchronous results: matmul chain max |diff| %.1e, %d-op chain max |diff| %.1e: %s\n",
-              diff_mm, tiny_ops, diff_chain, ok ? "agree" : "DIFFER");
+              diff_mm, ops, diff_chain, ok ? "agree" : "DIFFER");
   if (naive_env) {
     std::printf("\n(NaiveEngine: every op ran before its call returned, so the rows above all measure\n"
                 "synchronous execution; run without HYBRA_ENGINE_TYPE to see the asynchronous engine.)\n");
@@ -157,20 +166,12 @@ int main(int argc, char** argv) {
         "\nWhat this shows:\n"
         "(a) Queuing ten products took %.2f ms of the caller's time; the caller was free for the\n"
         "    other %.0f ms while the engine's worker multiplied. Only wait_to_read() waited.\n"
-        "(b) Waiting after every tiny op cost %.1f us/op, %.1f us more than running it on the calling\n"
-        "    thread: the engine's round trip (wake the worker, then wake the caller), paid %d times\n"
-        "    in series. With one waitall() at the end the caller queued at %.1f us/op while the worker\n"
-        "    computed, and the loop cost %.1f us/op, %.1fx less than waiting every time.\n",
-        queued, done - queued, sync_each, sync_each - naive, tiny_ops, front_only, async_all, sync_each / async_all);
-    if (async_all > naive)
-      std::printf(
-          "    NaiveEngine is faster still for ops this small (%.1f us/op): the engine adds %.1f us/op\n"
-          "    of bookkeeping, more than an 8x8 add costs, and %s sets the pace.\n"
-          "    Asynchrony pays when ops cost more than that, or when the caller has other work to do\n"
-          "    meanwhile, as in (a).\n",
-          naive, async_all - naive, async_all > 1.2 * front_only ? "the worker, not the caller," : "the caller");
-    else
-      std::printf("    That is no slower than NaiveEngine (%.1f us/op): the engine's bookkeeping is hidden.\n", naive);
+        "(b) With one waitall() the caller queued each 1 MiB add in %.2f us while the worker took\n"
+        "    about %.0f us to compute it: the caller was free for the rest, up to %d results ahead.\n"
+        "    Waiting after every op took %.1f us/op: at this size the round trip is lost in the op's time.\n"
+        "(c) An 8x8 add is brief: it ran on the calling thread, so waiting after each (%.2f us/op) cost\n"
+        "    no round trip, against NaiveEngine's %.2f us/op.\n",
+        queued, done - queued, b.front_end, b.one_waitall, ops, b.wait_each, c.wait_each, c.naive);
   }
   return ok ? 0 : 1;
 }

@@ -61,6 +61,42 @@ TEST_CASE("async: ops return before their inputs are ready; reads wait for them"
   CHECK(m.item<float>() == 40.0f);
 }
 
+TEST_CASE("async: a small kernel runs before its call returns; a large one, a long product and a user's op wait") {
+  // An op on cpu(1) first: switching the engine's type forgets it, and
+  // brief ops run on the calling thread again with one device in use.
+  Tensor elsewhere({1}, DType::float32, cpu(1));
+  eval(elsewhere + 1).wait_to_read();
+  EngineTypeScope threaded(EngineType::threaded);
+  auto first = [](const Tensor& t) { return *static_cast<const float*>(t.raw_data()); };  // no wait
+  Tensor big = full({1 << 18}, 7.0f), product = full({64, 128}, 7.0f), mine = full({1}, 7.0f);
+  big.wait_to_read();
+  product.wait_to_read();
+  mine.wait_to_read();
+  auto open = std::make_shared<std::atomic<bool>>(false);
+  Tensor held({1});
+  push_gate(held, open, 0.0f);  // holds cpu(0)'s one worker: what is queued after it waits
+  const Tensor s = sum(full({16, 16}, 1.0f));
+  CHECK(first(s) == 256.0f);  // 2 KiB: both kernels ran on this thread
+  big.assign(big * 0 + 1);    // 1 MiB read, 1 MiB written
+  product.assign(matmul(full({64, 256}, 1.0f), full({256, 128}, 1.0f)));  // 896 KiB, 2^21 multiply-adds
+  push_op("mine", {}, {mine}, [mine] { *static_cast<float*>(mine.raw_data()) = 1.0f; });  // 4 bytes, a user's op
+  CHECK(first(big) == 7.0f);
+  CHECK(first(product) == 7.0f);
+  CHECK(first(mine) == 7.0f);
+  // A brief op run where it is pushed starts no thread team.
+  Tensor team({2}, DType::int32);
+  push_op("team", {}, {team}, [team] {
+    static_cast<std::int32_t*>(team.raw_data())[0] = backend::cpu::available_threads();
+    static_cast<std::int32_t*>(team.raw_data())[1] = backend::cpu::share_threads();
+  }, engine::OpLength::brief);
+  CHECK(static_cast<const std::int32_t*>(team.raw_data())[0] == 1);
+  CHECK(static_cast<const std::int32_t*>(team.raw_data())[1] == std::min(num_threads(), engine::get().device_threads(cpu(0))));
+  open->store(true);
+  CHECK(big.to_vector<float>() == std::vector<float>(1 << 18, 1.0f));
+  CHECK(product.to_vector<float>() == std::vector<float>(64 * 128, 256.0f));
+  CHECK(mine.item<float>() == 1.0f);
+}
+
 TEST_CASE("async: data, printing and wait_to_read wait for pending writes") {
   EngineTypeScope threaded(EngineType::threaded);
   for (int kind = 0; kind < 3; ++kind) {

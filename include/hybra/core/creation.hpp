@@ -30,7 +30,7 @@ Tensor full(const Shape& shape, V value, DType dtype = DType::float32, Device de
   static_assert(std::is_arithmetic_v<V>, "hybra::full: the fill value must be an arithmetic scalar");
   if (device.kind == DeviceKind::cuda) return detail::full_on_gpu(shape, value, dtype, device);
   Tensor t(shape, dtype, device);
-  push_op("full", {}, {t}, [t, value] {
+  push_kernel("full", {}, {t}, [t, value] {
     dispatch_stored(t.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       T* p = static_cast<T*>(t.raw_data());
@@ -74,7 +74,7 @@ inline Tensor arange(double start, double stop, double step = 1, DType dtype = D
   double count = std::ceil((stop - start) / step);
   if (count > 9.0e18) fail<ShapeError>("arange: ", count, " elements do not fit in int64");
   Tensor t(Shape{std::max<std::int64_t>(0, static_cast<std::int64_t>(count))}, dtype, device);
-  push_op("arange", {}, {t}, [t, start, step] {
+  push_kernel("arange", {}, {t}, [t, start, step] {
     dispatch_stored(t.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       T* p = static_cast<T*>(t.raw_data());
@@ -170,7 +170,7 @@ inline Tensor random_fill(const Shape& shape, DType dtype, Device device, Genera
     push_draws_cuda(t, normal, a, b, gen.key(), first, op);
     return t;
   }
-  push_op(op, {}, {t}, [t, n, blocks, first, key = gen.key(), normal, a, b] {
+  push_kernel(op, {}, {t}, [t, n, blocks, first, key = gen.key(), normal, a, b] {
     dispatch(t.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>) {

@@ -26,13 +26,14 @@ struct Context {
   const Engine* engine = nullptr;
   const OpRecord* op = nullptr;
   int threads = 0;
+  bool team = true;  // see may_start_team
 };
 inline thread_local Context context;
 
 class ContextScope {
  public:
-  ContextScope(const Engine* e, const OpRecord* op, int threads) noexcept : saved_(context) {
-    context = {e, op, threads};
+  ContextScope(const Engine* e, const OpRecord* op, int threads, bool team = true) noexcept : saved_(context) {
+    context = {e, op, threads, team};
   }
   ContextScope(const ContextScope&) = delete;
   ContextScope& operator=(const ContextScope&) = delete;
@@ -50,6 +51,16 @@ class ContextScope {
 inline int current_device_threads() noexcept {
   return detail::context.op ? detail::context.threads : detail::hardware_threads();
 }
+
+// Whether the code running may start a thread team (OpenMP's, oneDNN's) for
+// its loops: not inside a brief op run on the thread that pushed it
+// (engine.hpp, "Brief ops"). Waking a team costs more than such an op, and a
+// second team beside the one the workers' ops start keeps more threads
+// runnable than there are cores, so libgomp shortens its spins and the
+// workers' own loops slow down (docs/benchmarks.md, "Small eager ops on the
+// calling thread"). Threads already spinning in a wait still help it
+// (helping.hpp), as they ask for no team.
+inline bool may_start_team() noexcept { return detail::context.team; }
 
 // True on a thread that is running an engine op (its work is already
 // ordered by the engine, so it neither waits nor pushes).

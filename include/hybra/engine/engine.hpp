@@ -19,11 +19,14 @@
 // place or only in part must list it in both.
 //
 // Brief ops: an op pushed as OpLength::brief (a few microseconds of work,
-// about what handing it to a worker costs) runs on the pushing thread before
-// push returns when nothing it depends on is pending and only one CPU device
-// is in use (with several, each op stays on its device so they work side by
-// side). It is ordered, fails and is waited for like any other op; a
-// sleeping worker is woken to help with its loops (helping.hpp).
+// about what handing it to a worker costs: length_of_work) runs on the
+// pushing thread before push returns when nothing it depends on is pending,
+// no GPU work on its vars is to be waited for, and only one CPU device is in
+// use (with several, each op stays on its device so they work side by side).
+// It is ordered, fails and is waited for like any other op. It starts no
+// thread team for its loops (context.hpp, may_start_team); a sleeping worker
+// is woken to help with them instead (helping.hpp). hybra's own kernels say how
+// long they are (push.hpp, push_kernel), a plan call too (jit/plan.hpp).
 //
 // GPU ops: cuda(i) has one host thread, which runs each op: the op queues
 // its kernels and copies on the GPU's stream and counts as done. The fence
@@ -91,6 +94,19 @@ struct Options {
 
 // What a pusher knows of how long its op runs (see "Brief ops" above).
 enum class OpLength { unknown, brief };
+
+// The one rule by which eager ops (push.hpp) and plan calls (jit/plan.hpp)
+// are judged brief: the bytes their operands and results hold, and their
+// products' multiply-adds. The chapter's batch-1 MLP (656 KiB of weights,
+// 164k multiply-adds) is of that size, and handing such a call to a worker
+// and waiting for it costs half as long as the call (docs/benchmarks.md,
+// "Figures behind constants of the code"); for an eager mean over 400 KiB,
+// more than the mean itself ("Small eager ops on the calling thread").
+inline constexpr std::int64_t brief_bytes = std::int64_t{1} << 20;
+inline constexpr std::int64_t brief_multiply_adds = std::int64_t{1} << 20;
+inline OpLength length_of_work(std::int64_t bytes, std::int64_t multiply_adds) {
+  return bytes <= brief_bytes && multiply_adds <= brief_multiply_adds ? OpLength::brief : OpLength::unknown;
+}
 
 class Engine {
  public:
@@ -201,11 +217,14 @@ class Engine {
     return std::max(1, cpu_threads_ / n + (rank < cpu_threads_ % n ? 1 : 0));
   }
 
-  // Switches between threaded and naive execution once the pending work is done.
+  // Switches between threaded and naive execution once the pending work is
+  // done, and starts afresh: no CPU device counts as used (device_threads,
+  // brief ops) until it has an op again.
   void set_type(EngineType t) {
     refuse_inside_op("set_type");
     wait_idle();
     naive_.store(t == EngineType::naive);
+    used_cpu_devices_.store(0, std::memory_order_relaxed);
   }
 
  private:
@@ -288,10 +307,12 @@ class Engine {
     if (op->unmet.fetch_sub(granted, std::memory_order_acq_rel) != granted) return;
     // Inside an op, push_op runs its closure directly; the engine's own
     // push from an op is left to a worker, as the pusher may run on for long.
+    // So is an op that must wait for a GPU's work first: the wait would hold
+    // the pusher.
     if (length == OpLength::brief && op->queue && op->device.kind == DeviceKind::cpu && !detail::context.op &&
-        std::has_single_bit(used_cpu_devices_.load(std::memory_order_relaxed))) {
+        std::has_single_bit(used_cpu_devices_.load(std::memory_order_relaxed)) && !waits_for_gpu(op)) {
       detail::DeviceQueue* queue = op->queue;
-      execute(op);
+      execute(op, /*on_pusher=*/true);
       queue->wake_helper();
     } else {
       dispatch(op);
@@ -305,7 +326,9 @@ class Engine {
       execute(op);  // naive
   }
 
-  void execute(detail::OpRecord* op) noexcept {
+  // on_pusher: a brief op run by the thread that pushed it, which starts no
+  // thread team (context.hpp, may_start_team).
+  void execute(detail::OpRecord* op, bool on_pusher = false) noexcept {
     detail::FailurePtr failure;
     for (auto& d : op->deps())
       if (d.read && d.failure) {
@@ -313,7 +336,7 @@ class Engine {
         break;
       }
     if (!failure) {
-      detail::ContextScope scope(this, op, op_threads(op));
+      detail::ContextScope scope(this, op, op_threads(op), !on_pusher);
       try {
         const std::vector<FencePtr> after = gpu_work_before(op);
         if (op->device.kind == DeviceKind::cuda) {
@@ -335,6 +358,12 @@ class Engine {
     }
     op->fn.reset();
     finish(op, std::move(failure));
+  }
+
+  static bool waits_for_gpu(detail::OpRecord* op) noexcept {
+    for (const auto& d : op->deps())
+      if (d.var->fenced.load(std::memory_order_acquire)) return true;
+    return false;
   }
 
   // The fences of GPU work on op's vars that op must wait for: none for most

@@ -86,6 +86,16 @@ inline Device host_op_device(std::string_view name, const TensorRefs& reads, con
   return !writes.empty() && writes.front().defined() ? writes.front().device() : cpu();
 }
 
+// How long a kernel on these operands runs, by engine::length_of_work: the
+// bytes they hold and, for a product, its multiply-adds.
+inline engine::OpLength kernel_length(const TensorRefs& reads, const TensorRefs& writes, std::int64_t multiply_adds) {
+  std::int64_t bytes = 0;
+  for (const TensorRefs* list : {&reads, &writes})
+    for (const Tensor* t : *list)
+      if (t->defined()) bytes += t->size() * static_cast<std::int64_t>(size_of(t->dtype()));
+  return engine::length_of_work(bytes, multiply_adds);
+}
+
 }  // namespace detail
 
 // Queues fn() on `device` after every earlier op that writes what it reads,
@@ -121,6 +131,18 @@ void push_op(std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn,
              engine::OpLength length = engine::OpLength::unknown) {
   const Device device = detail::host_op_device(name, reads, writes);
   push_op_on(device, name, reads, writes, std::forward<F>(fn), length);  // which checks the lists
+}
+
+// push_op for one of hybra's host kernels: it computes on its operands and
+// waits on nothing else (no other thread, process or file), so its size tells
+// its time. A small one (detail::kernel_length; a product passes its
+// multiply-adds) is brief: it runs on the calling thread when nothing it
+// needs is pending, as a hand-off to a worker and back would cost more than
+// it. An op of the user's stays on the workers unless it says it is brief.
+template <class F>
+void push_kernel(std::string_view name, TensorRefs reads, TensorRefs writes, F&& fn, std::int64_t multiply_adds = 0) {
+  const engine::OpLength length = detail::kernel_length(reads, writes, multiply_adds);
+  push_op(name, std::move(reads), std::move(writes), std::forward<F>(fn), length);
 }
 
 // Blocks until every queued op has finished, then rethrows the earliest

@@ -65,7 +65,7 @@ inline Tensor run_elementwise(int index, op::DTypeRule rule, std::string_view na
     return out;
   }
   auto loop = std::make_shared<const backend::cpu::FusedLoop>(std::move(program), operands, shape);
-  push_op(name, operands, {out}, [loop, operands, out] {
+  push_kernel(name, operands, {out}, [loop, operands, out] {
     boost::container::small_vector<const void*, 3> ptrs;
     for (const auto& t : operands) ptrs.push_back(t.raw_data());
     loop->run(ptrs.data(), out.raw_data());

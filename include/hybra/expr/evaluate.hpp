@@ -362,8 +362,8 @@ inline void convert_elements(const Tensor& src, const Tensor& dst) {
 inline void copy_into(const Tensor& src, const Tensor& dst) {
   if (src.device().kind == DeviceKind::cuda || dst.device().kind == DeviceKind::cuda) return copy_with_gpu(src, dst);
   if (is_half(src.dtype()) || is_half(dst.dtype()))
-    return push_op("copy", {src}, {dst}, [src, dst] { convert_elements(src, dst); });
-  push_op("copy", {src}, {dst}, [src, dst] {
+    return push_kernel("copy", {src}, {dst}, [src, dst] { convert_elements(src, dst); });
+  push_kernel("copy", {src}, {dst}, [src, dst] {
     auto e = yap::make_terminal<expression>(src);
     leaf_list leaves{&src};
     dispatch(src.dtype(), [&](auto s) {
@@ -392,7 +392,7 @@ template <class T, class O, class E>
 void push_fused(const E& e, const leaf_list& leaves, const Tensor& out) {
   if (out.device().kind == DeviceKind::cuda) return push_fused_cuda(e, leaves, out);
   static const std::string name = type_string(e);
-  push_op(name, leaves, {out}, [owned = owning_copy(e), out] { run_fused<T, O>(owned, tensor_leaves(owned), out); });
+  push_kernel(name, leaves, {out}, [owned = owning_copy(e), out] { run_fused<T, O>(owned, tensor_leaves(owned), out); });
 }
 
 // Calls fused(type_tag<T>{}) for float32 and float64, the dtypes a fused

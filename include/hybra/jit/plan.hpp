@@ -431,13 +431,9 @@ inline bool relu_of_product(const backend::cpu::FusedProgram& p) {
          p.code[0].src[0] == 0 && p.result == p.code[0].dst;
 }
 
-// Whether a call is brief (engine.hpp): every value it touches fits in
-// 1 MiB and its products do at most 2^20 multiply-adds: the chapter's batch-1
-// MLP (656 KiB of weights, 164k multiply-adds) is of that size, and handing
-// such a call to a worker and waiting for it costs half as long as the call
-// (docs/benchmarks.md, "Figures behind constants of the code").
-inline bool is_brief(const graph::Graph& g, const std::vector<Tensor>& layout) {
-  constexpr std::int64_t brief_bytes = std::int64_t{1} << 20, brief_multiply_adds = std::int64_t{1} << 20;
+// How long a call runs, judged by engine::length_of_work over every value it
+// touches and its products' multiply-adds.
+inline engine::OpLength length_of(const graph::Graph& g, const std::vector<Tensor>& layout) {
   std::int64_t bytes = 0, products = 0;
   for (std::size_t i = 0; i < layout.size(); ++i) {
     bytes += layout[i].size() * static_cast<std::int64_t>(size_of(layout[i].dtype()));
@@ -449,7 +445,7 @@ inline bool is_brief(const graph::Graph& g, const std::vector<Tensor>& layout) {
       products += multiply_adds(in, layout[i]);
     }
   }
-  return bytes <= brief_bytes && products <= brief_multiply_adds;
+  return engine::length_of_work(bytes, products);
 }
 
 }  // namespace detail
@@ -661,7 +657,7 @@ inline void Plan::build() {
   const std::size_t draws_offset = end, draws_bytes = s.draw_slots * sizeof(backend::cuda::DrawParams);
   end += (draws_bytes + align - 1) / align * align;
   s.peak_bytes = end;
-  s.length = detail::is_brief(g, layout) ? engine::OpLength::brief : engine::OpLength::unknown;
+  s.length = detail::length_of(g, layout);
   s.workspace = Tensor(Shape{static_cast<std::int64_t>(std::max<std::size_t>(end, 1))}, DType::uint8, s.device);
   if (scratch_bytes)
     s.scratch = Tensor::from_storage(s.workspace.storage(), {static_cast<std::int64_t>(scratch_bytes)}, DType::uint8,

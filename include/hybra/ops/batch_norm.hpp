@@ -116,7 +116,7 @@ inline Tensor batch_norm_op(Tensor x, const Tensor& gamma, const Tensor& beta, c
         detail::nn::cuda_batch_norm_launch(outer, C, inner, eps, xc.dtype(), backend::cuda::gpu(xc.device().id)));
     return out;
   }
-  push_op("batch_norm", {xc, g, b, m, v}, {out}, [xc, g, b, m, v, out, outer, C, inner, eps] {
+  push_kernel("batch_norm", {xc, g, b, m, v}, {out}, [xc, g, b, m, v, out, outer, C, inner, eps] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>)

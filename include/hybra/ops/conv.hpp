@@ -245,14 +245,14 @@ inline Tensor conv2d_op(Tensor x, const Tensor& weight, const Tensor& bias, Size
                                                                    xc.dtype(), backend::cuda::gpu(xc.device().id)));
     return out;
   }
-  push_op("conv2d", {xc, w, b.defined() ? b : w}, {out}, [xc, w, b, out, g] {
+  push_kernel("conv2d", {xc, w, b.defined() ? b : w}, {out}, [xc, w, b, out, g] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>)
         conv2d(static_cast<const T*>(xc.raw_data()), static_cast<const T*>(w.raw_data()), data_or_null<T>(b),
                static_cast<T*>(out.raw_data()), g, w.storage().get());
     });
-  });
+  }, out.size() * per_filter(w));
   return out;
 }
 

@@ -416,14 +416,14 @@ inline Tensor conv2d_backward_data(const Tensor& dy, const Tensor& weight, const
                                                                    d.dtype(), backend::cuda::gpu(d.device().id)));
     return dx;
   }
-  push_op(op, {d, w}, {dx}, [d, w, dx, g] {
+  push_kernel(op, {d, w}, {dx}, [d, w, dx, g] {
     dispatch(dx.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>)
         nn::conv2d_backward_data(static_cast<const T*>(d.raw_data()), static_cast<const T*>(w.raw_data()),
                                  static_cast<T*>(dx.raw_data()), g);
     });
-  });
+  }, d.size() * nn::per_filter(w));
   return dx;
 }
 
@@ -446,14 +446,14 @@ inline Tensor conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Sh
                                                                    d.dtype(), backend::cuda::gpu(d.device().id)));
     return dw;
   }
-  push_op(op, {d, xc}, {dw}, [d, xc, dw, g] {
+  push_kernel(op, {d, xc}, {dw}, [d, xc, dw, g] {
     dispatch(dw.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>)
         nn::conv2d_backward_weight(static_cast<const T*>(d.raw_data()), static_cast<const T*>(xc.raw_data()),
                                    static_cast<T*>(dw.raw_data()), g);
     });
-  });
+  }, d.size() * nn::per_filter(dw));
   return dw;
 }
 

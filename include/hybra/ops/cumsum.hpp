@@ -213,7 +213,7 @@ inline Tensor run(Tensor x, std::optional<i64> axis, bool reverse) {
                                     cuda_launch(b, reverse, xc.dtype(), backend::cuda::gpu(xc.device().id)));
     return out;
   }
-  push_op("cumsum", {xc}, {out}, [xc, out, b, reverse] {
+  push_kernel("cumsum", {xc}, {out}, [xc, out, b, reverse] {
     dispatch(xc.dtype(), [&](auto tag) {
       using In = typename decltype(tag)::type;
       using Out = std::conditional_t<std::is_floating_point_v<In>, In, std::int64_t>;

@@ -160,7 +160,7 @@ inline Tensor gather_rows(const Tensor& indices, const Tensor& table) {
         cuda_launch(true, idx.dtype(), t.dtype(), count, rows, width, backend::cuda::gpu(out.device().id)));
     return out;
   }
-  push_op("embedding", {idx, t}, {out}, [idx, t, out, count, rows, width] {
+  push_kernel("embedding", {idx, t}, {out}, [idx, t, out, count, rows, width] {
     dispatch(idx.dtype(), [&](auto index_tag) {
       dispatch_stored(t.dtype(), [&](auto table_tag) {
         using I = typename decltype(index_tag)::type;
@@ -218,7 +218,7 @@ inline Tensor embedding_backward(const Tensor& indices, const Tensor& dy, std::i
         e::cuda_launch(false, idx.dtype(), g.dtype(), idx.size(), rows, width, backend::cuda::gpu(out.device().id)));
     return out;
   }
-  push_op("embedding_backward", {idx, g}, {out}, [idx, g, out, rows, width] {
+  push_kernel("embedding_backward", {idx, g}, {out}, [idx, g, out, rows, width] {
     dispatch(idx.dtype(), [&](auto index_tag) {
       dispatch(g.dtype(), [&](auto table_tag) {
         using I = typename decltype(index_tag)::type;

@@ -216,7 +216,7 @@ inline void concat_rows(std::vector<Tensor> parts, const Tensor& out, int at) {
   for (int d = 0; d < at; ++d) rows *= out.shape()[d];
   std::vector<std::int64_t> starts{0};  // each part's first element within a row of out
   for (const Tensor& t : parts) starts.push_back(starts.back() + (rows ? t.size() / rows : 0));
-  push_op("concat", parts, {out}, [parts, out, rows, starts] {
+  push_kernel("concat", parts, {out}, [parts, out, rows, starts] {
     const std::int64_t row = starts.back(), bytes = static_cast<std::int64_t>(size_of(out.dtype()));
     auto* dst = static_cast<char*>(out.raw_data());
     backend::cpu::parallel_for(rows * row, 1, [&](std::int64_t begin, std::int64_t end) {

@@ -264,6 +264,11 @@ inline std::optional<backend::cuda::CudaLaunch> cuda_dot_launch(const Tensor& a,
   return cuda_product_launch(a2, b2, Shape{}, a.dtype());
 }
 
+// Per output element, a contraction over the last axis of the first operand.
+inline std::int64_t contraction(std::span<const Tensor> in, const Tensor& out) {
+  return out.size() * (in[0].ndim() ? in[0].shape().back() : 1);
+}
+
 }  // namespace detail::linalg
 
 // NumPy's matmul: the last two dims are matrices, the others batch dims that
@@ -308,12 +313,13 @@ Tensor matmul(A&& a_in, B&& b_in) {
     backend::cuda::push_cuda_launch("matmul", {a, b}, out, la::cuda_product_launch(a, b, batch, dtype));
     return rec.output(out);
   }
-  push_op("matmul", {a, b}, {out}, [a, b, batch, out] {
+  const std::array operands{a, b};
+  push_kernel("matmul", {a, b}, {out}, [a, b, batch, out] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       la::product<T>(a, b, batch, static_cast<T*>(out.raw_data()));
     });
-  });
+  }, la::contraction(operands, out));
   return rec.output(out);
 }
 
@@ -368,20 +374,17 @@ Tensor dot(A&& a_in, B&& b_in) {
     backend::cuda::push_cuda_launch("dot", {a2, b2}, out, la::cuda_product_launch(a2, b2, Shape{}, dtype));
     return rec.output(out);
   }
-  push_op("dot", {a2, b2}, {out}, [a2, b2, out] {
+  const std::array operands{a2, b2};
+  push_kernel("dot", {a2, b2}, {out}, [a2, b2, out] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       la::product<T>(a2, b2, Shape{}, static_cast<T*>(out.raw_data()));
     });
-  });
+  }, la::contraction(operands, out));
   return rec.output(out);
 }
 
 namespace detail::linalg {
-// Per output element, a contraction over the last axis of the first operand.
-inline std::int64_t contraction(std::span<const Tensor> in, const Tensor& out) {
-  return out.size() * (in[0].ndim() ? in[0].shape().back() : 1);
-}
 // MXNet's dot is NumPy's matmul on operands of at most 2 dimensions, and its
 // batch_dot is matmul on two 3-d operands with one batch size.
 template <class W>

@@ -64,6 +64,11 @@ void dense(const T* x, const T* w, const T* b, T* out, std::int64_t M, std::int6
     for (std::int64_t j = 0; j < N; ++j) out[i * N + j] += b[j];
 }
 
+// Per output element, one multiply-add per weight of one output unit.
+inline std::int64_t dense_multiply_adds(const Tensor& w, const Tensor& out) {
+  return out.size() * (w.ndim() ? w.size() / std::max<std::int64_t>(1, w.shape()[0]) : 0);
+}
+
 }  // namespace detail::nn
 
 // MXNet's FullyConnected: x is flattened to (batch, in_units), then
@@ -116,7 +121,7 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
     });
     return rec.output(out);
   }
-  push_op("fully_connected", {x, w, b.defined() ? b : w}, {out}, [x, w, b, out] {
+  push_kernel("fully_connected", {x, w, b.defined() ? b : w}, {out}, [x, w, b, out] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>)
@@ -124,7 +129,7 @@ Tensor fully_connected(X&& x_in, const Tensor& weight, const Tensor& bias = {}) 
                           b.defined() ? static_cast<const T*>(b.raw_data()) : nullptr, static_cast<T*>(out.raw_data()),
                           x.shape()[0], x.shape()[1], w.shape()[0], w.storage().get());
     });
-  });
+  }, detail::nn::dense_multiply_adds(w, out));
   return rec.output(out);
 }
 
@@ -265,10 +270,8 @@ struct fully_connected {
       fail<ValueError>("fully_connected: takes (data, weight) or (data, weight, bias), not ", in.size(), " inputs");
     return hybra::fully_connected(in[0], in[1], in.size() == 3 ? in[2] : Tensor{});
   }
-  // Per output element, one multiply-add per weight of one output unit.
   static std::int64_t multiply_adds(std::span<const Tensor> in, const Tensor& out) {
-    const Tensor& w = in[1];
-    return out.size() * (w.ndim() ? w.size() / std::max<std::int64_t>(1, w.shape()[0]) : 0);
+    return hybra::detail::nn::dense_multiply_adds(in[1], out);
   }
   template <class G>
   static auto gradient(const G& g) {

@@ -375,7 +375,7 @@ Tensor pool2d_op(std::string_view op, Tensor x, Size2d kernel, Size2d stride, Si
                                                                           backend::cuda::gpu(x.device().id)));
     return out;
   }
-  push_op(op, {x}, {out}, [x, out, g, count_include_pad] {
+  push_kernel(op, {x}, {out}, [x, out, g, count_include_pad] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>)
@@ -400,7 +400,7 @@ Tensor global_pool2d_op(std::string_view op, Tensor x) {
                                               backend::cuda::gpu(x.device().id)));
     return out;
   }
-  push_op(op, {x}, {out}, [x, out] {
+  push_kernel(op, {x}, {out}, [x, out] {
     dispatch(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       const Shape& s = x.shape();

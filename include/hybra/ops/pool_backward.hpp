@@ -389,7 +389,7 @@ inline Tensor pool2d_backward(const Tensor& dy, const Tensor& x, bool max, Size2
                                                                           backend::cuda::gpu(d.device().id)));
     return dx;
   }
-  push_op(op, {d, xc}, {dx}, [d, xc, dx, g, max, count_include_pad] {
+  push_kernel(op, {d, xc}, {dx}, [d, xc, dx, g, max, count_include_pad] {
     dispatch(dx.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>) {

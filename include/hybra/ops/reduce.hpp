@@ -451,7 +451,7 @@ Tensor reduce(const Tensor& x, const std::optional<std::vector<i64>>& axes, bool
                                     *cuda_reduce_launch<K>(xc, axes, op, backend::cuda::gpu(x.device().id)));
     return out;
   }
-  push_op(op, {xc}, {out}, [xc, out, runs = collapse(shape, mask), count] {
+  push_kernel(op, {xc}, {out}, [xc, out, runs = collapse(shape, mask), count] {
     dispatch(xc.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       reduce_into<K>(in_memory<T>{static_cast<const T*>(xc.raw_data())}, out, runs, count);
@@ -549,7 +549,7 @@ Tensor argmax(X&& x_in, std::optional<std::int64_t> axis = std::nullopt, bool ke
                                     *detail::reduce::cuda_argmax_launch(xc, axis, backend::cuda::gpu(xc.device().id)));
     return out;
   }
-  push_op("argmax", {xc}, {out}, [xc, out, O = O, R = R, I = I] {
+  push_kernel("argmax", {xc}, {out}, [xc, out, O = O, R = R, I = I] {
     dispatch(xc.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       using P = detail::reduce::argmax_op<T>;

@@ -137,7 +137,7 @@ Tensor run(Tensor x, std::int64_t axis, std::string_view op) {
                                     *cuda_softmax_launch<Log>(x, axis, op, backend::cuda::gpu(x.device().id)));
     return out;
   }
-  push_op(op, {x}, {out}, [x, out, O = O, R = R, I = I] {
+  push_kernel(op, {x}, {out}, [x, out, O = O, R = R, I = I] {
     dispatch(x.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T>)

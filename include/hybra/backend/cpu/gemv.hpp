@@ -119,7 +119,7 @@ void gemv(const T* w, std::int64_t ldw, const T* x, T* y, std::int64_t N, std::i
   const std::int64_t bytes = N * K * static_cast<std::int64_t>(sizeof(T));
   auto run = [&](std::int64_t begin, std::int64_t end) { gemv_rows(w, ldw, x, y, N, K, rows, begin, end); };
   if (bytes >= gemv_parallel_bytes) return parallel_for(N, K * rows, run);
-  if (bytes < gemv_help_bytes || N < 8 || available_threads() < 2) return run(0, N);
+  if (bytes < gemv_help_bytes || N < 8 || share_threads() < 2) return run(0, N);
   const std::int64_t half = (N / 2 + 3) / 4 * 4;  // whole 4-row blocks
   auto part = [&](int c) { c == 0 ? run(0, half) : run(half, N); };
   engine::detail::help_board().run(2, part);

@@ -49,9 +49,14 @@ inline void set_num_threads(int n) { detail::thread_count().store(std::max(1, n)
 
 namespace backend::cpu {
 
-// The threads the calling code may use now: num_threads(), capped inside an
+// The cores the calling code may keep busy: num_threads(), capped inside an
 // engine op by its device's share.
-inline int available_threads() { return std::min(num_threads(), engine::current_device_threads()); }
+inline int share_threads() { return std::min(num_threads(), engine::current_device_threads()); }
+
+// The threads the calling code may use now for a team: its share, but one
+// inside a brief op run where it was pushed (engine::may_start_team), which
+// threads spinning in a wait help instead (gemv's halves).
+inline int available_threads() { return engine::may_start_team() ? share_threads() : 1; }
 
 // Below this many elements a loop runs on the calling thread: waking the
 // OpenMP team costs more than it saves.
