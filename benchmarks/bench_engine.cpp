@@ -19,8 +19,13 @@
 //                                        engine, then waited for
 //   BM_fused_2_24/direct                 the same fused kernel called on the
 //                                        calling thread, no engine
-// Times are wall-clock per iteration (one op for BM_push_overhead, both loops
-// for BM_two_workloads, one pass for BM_fused_2_24).
+//   BM_eager_add/<n>                     an eager a + b over n floats, then
+//                                        wait_to_read: from a brief op on the
+//                                        caller (n = 2^16) to the worker's
+//                                        team of every core, the caller
+//                                        waiting beside it
+// Times are wall-clock per iteration (one op for BM_push_overhead and
+// BM_eager_add, both loops for BM_two_workloads, one pass for BM_fused_2_24).
 #include <benchmark/benchmark.h>
 
 #include <hybra/hybra.hpp>
@@ -134,6 +139,16 @@ void fused_pass(benchmark::State& state, bool through_engine) {
   state.SetBytesProcessed(state.iterations() * 5 * fused_n * static_cast<std::int64_t>(sizeof(float)));
 }
 
+void eager_add(benchmark::State& state) {
+  const hybra::Tensor a = hybra::random_normal({state.range(0)}), b = hybra::random_normal({state.range(0)});
+  hybra::Tensor warm = a + b;  // the team woken, the result's memory kept
+  warm.wait_to_read();
+  for (auto _ : state) {
+    hybra::Tensor sum = a + b;
+    sum.wait_to_read();
+  }
+}
+
 }  // namespace
 
 BENCHMARK_CAPTURE(push_wait_each, hybra, EngineType::threaded)->Name("BM_push_overhead/hybra/wait_each")->UseRealTime();
@@ -150,5 +165,7 @@ BENCHMARK_CAPTURE(two_workloads, parallel, true)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(fused_pass, engine, true)->Name("BM_fused_2_24/engine")->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(fused_pass, direct, false)->Name("BM_fused_2_24/direct")->UseRealTime()->Unit(benchmark::kMillisecond);
+
+BENCHMARK(eager_add)->Name("BM_eager_add")->RangeMultiplier(2)->Range(1 << 16, 1 << 20)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

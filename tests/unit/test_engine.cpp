@@ -825,3 +825,31 @@ TEST_CASE("engine: a thread in an engine wait's spin runs posted chunks; a split
     CHECK(split == alone);
   }
 }
+
+TEST_CASE("engine: a parallel region of every core, and its idle team after it, make waits yield from the start") {
+  using engine::detail::ParallelRegion;
+  const int cores = engine::detail::hardware_threads();
+  auto quiet = [] { std::this_thread::sleep_for(2 * ParallelRegion::idle_spin); };
+  quiet();
+  CHECK_FALSE(ParallelRegion::cores_taken());
+  {
+    const ParallelRegion fewer(cores - 1);  // leaves a core to a spinner (none at all on one core)
+    CHECK_FALSE(ParallelRegion::cores_taken());
+  }
+  CHECK_FALSE(ParallelRegion::cores_taken());
+  {
+    const ParallelRegion every(cores);
+    CHECK(ParallelRegion::cores_taken());
+  }
+  CHECK(ParallelRegion::cores_taken());  // its members spin idle a while
+  quiet();
+  CHECK_FALSE(ParallelRegion::cores_taken());
+  // parallel_for marks its team: every range sees the mark where there is a team (a range a thread).
+  std::atomic<int> ranges{0}, marked{0};
+  backend::cpu::parallel_for(cores, backend::cpu::parallel_grain, [&](std::int64_t, std::int64_t) {
+    ++ranges;
+    if (ParallelRegion::cores_taken()) ++marked;
+  });
+  CHECK(marked.load() == (ranges.load() > 1 ? ranges.load() : 0));
+  if (ranges.load() > 1) CHECK(ranges.load() == cores);
+}

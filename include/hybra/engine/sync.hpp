@@ -5,7 +5,10 @@
 // spins briefly before it sleeps.
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <thread>
+
+#include "context.hpp"
 
 namespace hybra::engine::detail {
 
@@ -27,6 +30,54 @@ inline void cpu_relax() noexcept {
 inline constexpr std::chrono::microseconds spin_pure{10};
 inline constexpr std::chrono::microseconds spin_limit{50};
 
+// Marks a parallel region for its lifetime: a team of `threads`, its master
+// among them, that a CPU kernel starts (backend/cpu/threads.hpp's loops,
+// oneDNN's calls). A team of every core holds them while it runs, and
+// libgomp's idle members go on spinning for milliseconds after it ends
+// (backend/cpu/gomp_spin.hpp), ready for the next region. A thread that spins
+// in a wait beside them (the caller in wait_to_read, an idle worker) then
+// holds a core that the thread it waits for needs, which runs only when the
+// scheduler preempts a spinner (docs/benchmarks.md, "Waits that yield to a
+// team"). So while such a region runs, and for `idle_spin` after the last one
+// ends, spin_until yields from its first check.
+class ParallelRegion {
+ public:
+  static constexpr std::chrono::milliseconds idle_spin{5};  // libgomp's 300,000 pauses, about
+
+  explicit ParallelRegion(int threads) noexcept : every_core_(threads >= hardware_threads()) {
+    if (every_core_) running().fetch_add(1, std::memory_order_relaxed);
+  }
+  ~ParallelRegion() {
+    if (!every_core_) return;
+    last_end().store(now(), std::memory_order_relaxed);
+    running().fetch_sub(1, std::memory_order_relaxed);
+  }
+  ParallelRegion(const ParallelRegion&) = delete;
+  ParallelRegion& operator=(const ParallelRegion&) = delete;
+
+  // Whether teams of every core run, or spin idle after one, now.
+  static bool cores_taken() noexcept {
+    if (running().load(std::memory_order_relaxed) > 0) return true;
+    const std::int64_t ended = last_end().load(std::memory_order_relaxed);
+    return ended != 0 && now() - ended < std::chrono::nanoseconds(idle_spin).count();
+  }
+
+ private:
+  static std::int64_t now() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  static std::atomic<int>& running() noexcept {
+    static std::atomic<int> regions{0};
+    return regions;
+  }
+  static std::atomic<std::int64_t>& last_end() noexcept {
+    static std::atomic<std::int64_t> at{0};
+    return at;
+  }
+  bool every_core_;
+};
+
 // Spins until ready() holds (true) or spin_limit passes (false).
 template <class Ready>
 bool spin_until(Ready&& ready) {
@@ -40,7 +91,7 @@ bool spin_until(Ready&& ready) {
     }
     auto waited = clock::now() - start;
     if (waited > spin_limit) return false;
-    if (waited > spin_pure) std::this_thread::yield();
+    if (waited > spin_pure || ParallelRegion::cores_taken()) std::this_thread::yield();
   }
 }
 

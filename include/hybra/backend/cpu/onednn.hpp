@@ -102,7 +102,7 @@ inline dnnl::stream& stream() {
 // scope.
 class ThreadCount {
  public:
-  explicit ThreadCount(int threads) : saved_(omp_get_max_threads()) {
+  explicit ThreadCount(int threads) : saved_(omp_get_max_threads()), region_(threads) {
     if (threads > 1) note_parallel_region(threads);
     omp_set_num_threads(threads);
   }
@@ -112,6 +112,7 @@ class ThreadCount {
 
  private:
   int saved_;
+  engine::detail::ParallelRegion region_;
 };
 
 // Primitives by key, created once (a primitive descriptor's creation walks

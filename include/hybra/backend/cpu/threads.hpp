@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../../engine/context.hpp"
+#include "../../engine/sync.hpp"
 #include "gomp_spin.hpp"
 
 namespace hybra {
@@ -89,6 +90,7 @@ inline void run_ranges(std::int64_t n, std::int64_t cost, range_call call, void*
     std::int64_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
     call(body, begin, end);
   };
+  const engine::detail::ParallelRegion region(threads);
 #ifdef _OPENMP
   note_parallel_region(threads);
 #pragma omp parallel num_threads(threads)
