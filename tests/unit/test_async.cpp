@@ -8,6 +8,7 @@
 #include <chrono>
 #include <csignal>
 #include <hybra/eager.hpp>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -249,6 +250,35 @@ TEST_CASE("async: HYBRA_SPIN_THROTTLE's settings, and a bad one named") {
   CHECK(backend::cpu::parse_spin_throttle("1") == SpinThrottle::always);
   CHECK_THROWS_WITH_AS(backend::cpu::parse_spin_throttle("yes"),
                        doctest::Contains("HYBRA_SPIN_THROTTLE=yes is not a setting; use auto, 0 or 1"), ValueError);
+}
+
+TEST_CASE("async: libgomp's idle spins, as OMP_WAIT_POLICY and GOMP_SPINCOUNT set them") {
+  using backend::cpu::parse_gomp_spins;
+  constexpr std::uint64_t infinite = std::numeric_limits<std::uint64_t>::max();
+  auto spins = [](const char* policy, const char* count) {
+    const backend::cpu::GompSpins s = parse_gomp_spins(policy, count);
+    return std::pair(s.spin, s.throttled);
+  };
+  using P = std::pair<std::uint64_t, std::uint64_t>;
+  CHECK(spins(nullptr, nullptr) == P(300'000, 100));
+  CHECK(spins("active", nullptr) == P(30'000'000'000, 1'000));
+  CHECK(spins(" PASSIVE ", nullptr) == P(0, 0));
+  CHECK(spins("sometimes", nullptr) == P(300'000, 100));  // rejected: libgomp's default
+  CHECK(spins(nullptr, "1000") == P(1'000, 100));
+  CHECK(spins(nullptr, "50") == P(50, 50));  // caps the throttled spin
+  CHECK(spins("active", "10k") == P(10'000, 1'000));
+  CHECK(spins(nullptr, " 2 M ") == P(2'000'000, 100));
+  CHECK(spins("passive", "1000") == P(1'000, 0));
+  CHECK(spins(nullptr, "Infinity") == P(infinite, 100));
+  CHECK(spins(nullptr, "20000000T") == P(infinite, 100));  // saturates
+  CHECK(spins(nullptr, "99999999999999999999") == P(300'000, 100));  // overflows: rejected
+  CHECK(spins(nullptr, "12x") == P(300'000, 100));
+  CHECK(spins(nullptr, "") == P(300'000, 100));
+  CHECK(backend::cpu::spin_time(300'000, 25.0) == std::chrono::microseconds(7'500));
+  CHECK(backend::cpu::spin_time(infinite, 25.0) == std::chrono::hours(24));
+  const double each = backend::cpu::spin_nanoseconds();
+  CHECK(each > 0.05);
+  CHECK(each < 2'000);
 }
 
 namespace {

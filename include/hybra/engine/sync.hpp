@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <thread>
 
 #include "context.hpp"
@@ -32,24 +33,25 @@ inline constexpr std::chrono::microseconds spin_limit{50};
 
 // Marks a parallel region for its lifetime: a team of `threads`, its master
 // among them, that a CPU kernel starts (backend/cpu/threads.hpp's loops,
-// oneDNN's calls). A team of every core holds them while it runs, and
-// libgomp's idle members go on spinning for milliseconds after it ends
-// (backend/cpu/gomp_spin.hpp), ready for the next region. A thread that spins
-// in a wait beside them (the caller in wait_to_read, an idle worker) then
-// holds a core that the thread it waits for needs, which runs only when the
-// scheduler preempts a spinner (docs/benchmarks.md, "Waits that yield to a
-// team"). So while such a region runs, and for `idle_spin` after the last one
-// ends, spin_until yields from its first check.
+// oneDNN's calls). A team of every core holds them while it runs, and its
+// idle members may go on spinning after it ends, ready for the next region,
+// for `idle_after`: what the threading runtime's settings make that spin
+// (backend/cpu/gomp_spin.hpp). A thread that spins in a wait beside them (the
+// caller in wait_to_read, an idle worker) then holds a core that the thread
+// it waits for needs, which runs only when the scheduler preempts a spinner
+// (docs/benchmarks.md, "Waits that yield to a team"). So while such a region
+// runs, and until the idle spin of the last one to end is over, spin_until
+// yields from its first check.
 class ParallelRegion {
  public:
-  static constexpr std::chrono::milliseconds idle_spin{5};  // libgomp's 300,000 pauses, about
-
-  explicit ParallelRegion(int threads) noexcept : every_core_(threads >= hardware_threads()) {
+  ParallelRegion(int threads, std::chrono::nanoseconds idle_after) noexcept
+      : every_core_(threads >= hardware_threads()), idle_after_(idle_after.count()) {
     if (every_core_) running().fetch_add(1, std::memory_order_relaxed);
   }
   ~ParallelRegion() {
     if (!every_core_) return;
-    last_end().store(now(), std::memory_order_relaxed);
+    // The last region to end speaks for the team: its members are the ones spinning now.
+    idle_until().store(saturating_add(now(), idle_after_), std::memory_order_relaxed);
     running().fetch_sub(1, std::memory_order_relaxed);
   }
   ParallelRegion(const ParallelRegion&) = delete;
@@ -57,9 +59,7 @@ class ParallelRegion {
 
   // Whether teams of every core run, or spin idle after one, now.
   static bool cores_taken() noexcept {
-    if (running().load(std::memory_order_relaxed) > 0) return true;
-    const std::int64_t ended = last_end().load(std::memory_order_relaxed);
-    return ended != 0 && now() - ended < std::chrono::nanoseconds(idle_spin).count();
+    return running().load(std::memory_order_relaxed) > 0 || now() < idle_until().load(std::memory_order_relaxed);
   }
 
  private:
@@ -67,15 +67,20 @@ class ParallelRegion {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
+  static std::int64_t saturating_add(std::int64_t at, std::int64_t after) noexcept {
+    return after > std::numeric_limits<std::int64_t>::max() - at ? std::numeric_limits<std::int64_t>::max()
+                                                                 : at + after;
+  }
   static std::atomic<int>& running() noexcept {
     static std::atomic<int> regions{0};
     return regions;
   }
-  static std::atomic<std::int64_t>& last_end() noexcept {
+  static std::atomic<std::int64_t>& idle_until() noexcept {
     static std::atomic<std::int64_t> at{0};
     return at;
   }
   bool every_core_;
+  std::int64_t idle_after_;
 };
 
 // Spins until ready() holds (true) or spin_limit passes (false).

@@ -20,12 +20,18 @@
 // always, from the first parallel region on. `auto` leaves libgomp alone
 // where OMP_WAIT_POLICY or GOMP_SPINCOUNT is set: whoever set it chose its
 // waits.
+//
+// How long the idle members spin after a region, under those settings and
+// the throttle, is what the engine's waits need to know to stay out of their
+// way (engine/sync.hpp's ParallelRegion): every region hybra starts begins
+// with begin_parallel_region, which marks it with that time.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -37,6 +43,7 @@
 
 #include "../../core/debug.hpp"
 #include "../../core/setting.hpp"
+#include "../../engine/sync.hpp"
 #include "contention.hpp"
 
 namespace hybra::backend::cpu {
@@ -57,6 +64,103 @@ inline SpinThrottle spin_throttle_setting() {
     return chosen == SpinThrottle::automatic && user_set_waits ? SpinThrottle::never : chosen;
   }();
   return setting;
+}
+
+// The pauses libgomp's idle threads spin for before they sleep: after a
+// region (`spin`), and while libgomp manages more threads than there are
+// cores (`throttled`). libgomp reads them once at start-up, from
+// OMP_WAIT_POLICY (active: 30,000,000,000 and 1,000; passive: none; unset:
+// 300,000 and 100) and GOMP_SPINCOUNT (a count, with a k, M, G or T suffix,
+// or `infinite`), which overrides the policy's spin and caps the throttled
+// one; a value libgomp rejects leaves its default (its manual, and env.c).
+struct GompSpins {
+  std::uint64_t spin;
+  std::uint64_t throttled;
+};
+
+namespace detail {
+
+inline std::string_view trimmed(std::string_view text) {
+  const auto first = text.find_first_not_of(" \t\n\v\f\r");
+  if (first == std::string_view::npos) return {};
+  return text.substr(first, text.find_last_not_of(" \t\n\v\f\r") - first + 1);
+}
+
+inline bool equal_ignoring_case(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if ((a[i] | 0x20) != (b[i] | 0x20)) return false;
+  return true;
+}
+
+inline std::optional<std::uint64_t> parse_gomp_spincount(std::string_view text) {
+  constexpr std::uint64_t infinite = std::numeric_limits<std::uint64_t>::max();
+  text = trimmed(text);
+  if (equal_ignoring_case(text, "infinite") || equal_ignoring_case(text, "infinity")) return infinite;
+  std::size_t digits = 0;
+  std::uint64_t count = 0;
+  for (; digits < text.size() && text[digits] >= '0' && text[digits] <= '9'; ++digits) {
+    const std::uint64_t digit = static_cast<std::uint64_t>(text[digits] - '0');
+    if (count > (infinite - digit) / 10) return std::nullopt;
+    count = count * 10 + digit;
+  }
+  if (digits == 0) return std::nullopt;
+  const std::string_view suffix = trimmed(text.substr(digits));
+  if (suffix.empty()) return count;
+  if (suffix.size() != 1) return std::nullopt;
+  std::uint64_t scale = 0;
+  switch (suffix[0] | 0x20) {
+    case 'k': scale = 1'000; break;
+    case 'm': scale = 1'000'000; break;
+    case 'g': scale = 1'000'000'000; break;
+    case 't': scale = 1'000'000'000'000; break;
+    default: return std::nullopt;
+  }
+  return count > infinite / scale ? infinite : count * scale;
+}
+
+}  // namespace detail
+
+// The settings' spins; either variable may be null (unset).
+inline GompSpins parse_gomp_spins(const char* wait_policy, const char* spincount) {
+  const std::string_view policy = detail::trimmed(wait_policy ? wait_policy : "");
+  const bool active = detail::equal_ignoring_case(policy, "active");
+  const bool passive = detail::equal_ignoring_case(policy, "passive");
+  GompSpins spins = active ? GompSpins{30'000'000'000, 1'000} : passive ? GompSpins{0, 0} : GompSpins{300'000, 100};
+  if (const auto count = spincount ? detail::parse_gomp_spincount(spincount) : std::nullopt) spins.spin = *count;
+  spins.throttled = std::min(spins.throttled, spins.spin);
+  return spins;
+}
+
+// What one of libgomp's spins costs on this machine, in nanoseconds: a load
+// and a pause, as its loop has them, timed once (the fastest of a few runs,
+// so that a preemption inflates none of them).
+inline double spin_nanoseconds() {
+  static const double each = [] {
+    constexpr int pauses = 1024;
+    static std::atomic<int> never_set{0};
+    double fastest = std::numeric_limits<double>::infinity();
+    for (int run = 0; run < 3; ++run) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < pauses && never_set.load(std::memory_order_relaxed) == 0; ++i) engine::detail::cpu_relax();
+      const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
+      fastest = std::min(fastest, took.count());
+    }
+    return fastest / pauses;
+  }();
+  return each;
+}
+
+// `spins` of spin_nanoseconds(), saturating at a day (libgomp's active wait
+// is minutes; infinite is forever).
+inline std::chrono::nanoseconds spin_time(std::uint64_t spins, double spin_ns) {
+  constexpr double day_ns = 86'400e9;
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(std::min(day_ns, static_cast<double>(spins) * spin_ns)));
+}
+
+inline const GompSpins& gomp_spins() {
+  static const GompSpins settings = parse_gomp_spins(std::getenv("OMP_WAIT_POLICY"), std::getenv("GOMP_SPINCOUNT"));
+  return settings;
 }
 
 #ifdef _OPENMP
@@ -195,8 +299,6 @@ inline ContentionWatch& contention_watch() {
   return *watch;
 }
 
-}  // namespace detail
-
 // Called by the thread about to start a parallel region of `threads`
 // threads, two or more (parallel_for, oneDNN's calls).
 inline void note_parallel_region(int threads) {
@@ -209,14 +311,40 @@ inline void note_parallel_region(int threads) {
       return;
     }
     case SpinThrottle::automatic:
-      detail::contention_watch().sample(threads);
+      contention_watch().sample(threads);
       return;
   }
 }
 
+}  // namespace detail
+
+// How long libgomp's idle members will spin after a region: the throttled
+// spin while the idle team is held. libgomp throttles too where other
+// threads' teams make it manage more threads than cores, which is not seen
+// here: the mark then outlasts the spin, and waits yield for nothing, which
+// costs them little.
+inline std::chrono::nanoseconds idle_spin_after_region() {
+  const GompSpins& spins = gomp_spins();
+  return spin_time(idle_team().held() ? spins.throttled : spins.spin, spin_nanoseconds());
+}
+
+// Called by the thread about to start a parallel region of `threads`
+// threads (parallel_for's team, oneDNN's calls): the region's mark, which it
+// holds while the region runs.
+inline engine::detail::ParallelRegion begin_parallel_region(int threads) {
+  if (threads <= 1) return engine::detail::ParallelRegion(threads, std::chrono::nanoseconds{0});
+  detail::note_parallel_region(threads);
+  return engine::detail::ParallelRegion(threads, idle_spin_after_region());
+}
+
 #else
 
-inline void note_parallel_region(int) {}
+// Without OpenMP a loop's threads end with its region: none spins after it.
+inline std::chrono::nanoseconds idle_spin_after_region() { return std::chrono::nanoseconds{0}; }
+
+inline engine::detail::ParallelRegion begin_parallel_region(int threads) {
+  return engine::detail::ParallelRegion(threads, idle_spin_after_region());
+}
 
 #endif
 

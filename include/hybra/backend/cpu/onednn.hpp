@@ -102,8 +102,7 @@ inline dnnl::stream& stream() {
 // scope.
 class ThreadCount {
  public:
-  explicit ThreadCount(int threads) : saved_(omp_get_max_threads()), region_(threads) {
-    if (threads > 1) note_parallel_region(threads);
+  explicit ThreadCount(int threads) : saved_(omp_get_max_threads()), region_(begin_parallel_region(threads)) {
     omp_set_num_threads(threads);
   }
   ~ThreadCount() { omp_set_num_threads(saved_); }

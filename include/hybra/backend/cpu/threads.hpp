@@ -90,9 +90,8 @@ inline void run_ranges(std::int64_t n, std::int64_t cost, range_call call, void*
     std::int64_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
     call(body, begin, end);
   };
-  const engine::detail::ParallelRegion region(threads);
+  const engine::detail::ParallelRegion region = begin_parallel_region(threads);
 #ifdef _OPENMP
-  note_parallel_region(threads);
 #pragma omp parallel num_threads(threads)
   piece(omp_get_thread_num(), omp_get_num_threads());
 #else
