@@ -171,6 +171,13 @@ TEST_CASE("async: independent work on cpu(0) and cpu(1) runs at the same time") 
 
 TEST_CASE("async: an op's threads are its device's share of the cores") {
   EngineTypeScope threaded(EngineType::threaded);
+  // An op's share is fixed when it starts: both devices have had an op before the two that read theirs, or the
+  // first could start while it is the only device in use.
+  for (const Device d : {cpu(0), cpu(1)}) {
+    Tensor mark({1}, DType::int32, d);
+    push_op("mark", {}, {mark}, [] {});
+    mark.wait_to_read();
+  }
   Tensor on0({1}, DType::int32, cpu(0)), on1({1}, DType::int32, cpu(1));
   for (const Tensor& t : {on0, on1})
     push_op("threads", {}, {t}, [t] { *static_cast<std::int32_t*>(t.raw_data()) = backend::cpu::available_threads(); });
