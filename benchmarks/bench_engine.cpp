@@ -24,12 +24,19 @@
 //                                        caller (n = 2^16) to the worker's
 //                                        team of every core, the caller
 //                                        waiting beside it
+//   BM_eager_add_sporadic/<ms>           the same over 2^17 floats, one call
+//                                        every <ms> milliseconds: after the
+//                                        team's idle spin (6 ms, libgomp's
+//                                        default) or long after it (20 ms)
 // Times are wall-clock per iteration (one op for BM_push_overhead and
-// BM_eager_add, both loops for BM_two_workloads, one pass for BM_fused_2_24).
+// BM_eager_add, both loops for BM_two_workloads, one pass for BM_fused_2_24);
+// BM_eager_add_sporadic times the call alone, not the sleep before it.
 #include <benchmark/benchmark.h>
 
 #include <hybra/hybra.hpp>
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -149,6 +156,19 @@ void eager_add(benchmark::State& state) {
   }
 }
 
+void eager_add_sporadic(benchmark::State& state) {
+  const hybra::Tensor a = hybra::random_normal({1 << 17}), b = hybra::random_normal({1 << 17});
+  hybra::Tensor warm = a + b;
+  warm.wait_to_read();
+  for (auto _ : state) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(state.range(0)));
+    const auto start = std::chrono::steady_clock::now();
+    hybra::Tensor sum = a + b;
+    sum.wait_to_read();
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+}
+
 }  // namespace
 
 BENCHMARK_CAPTURE(push_wait_each, hybra, EngineType::threaded)->Name("BM_push_overhead/hybra/wait_each")->UseRealTime();
@@ -167,5 +187,12 @@ BENCHMARK_CAPTURE(fused_pass, engine, true)->Name("BM_fused_2_24/engine")->UseRe
 BENCHMARK_CAPTURE(fused_pass, direct, false)->Name("BM_fused_2_24/direct")->UseRealTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK(eager_add)->Name("BM_eager_add")->RangeMultiplier(2)->Range(1 << 16, 1 << 20)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(eager_add_sporadic)
+    ->Name("BM_eager_add_sporadic")
+    ->Arg(6)
+    ->Arg(20)
+    ->Iterations(300)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();
