@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -402,6 +403,43 @@ TEST_CASE("a CPU plan keeps NHWC through the poolings between oneDNN's convoluti
   Symbol d = relu(conv2d(max_pool2d(a, 2, 1), weight(64, 64, 3), {}, 1, 1));           // a second pooling of a
   Symbol out = global_avg_pool2d(r) + global_avg_pool2d(d);
   check_kept_nhwc(out, {a, p, b, q, c, d}, 5);  // a, p, b, q and the second pooling of a; global poolings read NCHW
+}
+
+TEST_CASE("a CPU plan's pooling takes the ReLU of the product only it reads, with the eager ops' bits") {
+  auto weight = [](std::int64_t f, std::int64_t c, std::int64_t k) { return sym::constant(random_normal({f, c, k, k}, 0, 0.1)); };
+  auto x = sym::var("x", Shape{2, 3, 16, 12});
+  Symbol a = relu(conv2d(x, weight(64, 3, 3), sym::constant(random_normal({64})), 1, 1));  // VGG's first layer
+  Symbol p = max_pool2d(a, 2, 2);                              // windows apart: NHWC where oneDNN runs a
+  Symbol b = relu(conv2d(p, weight(64, 64, 3), {}, 1, 1));
+  Symbol q = avg_pool2d(b, 3, 2, 1);                           // windows that overlap
+  Symbol c = relu(conv2d(q, weight(16, 64, 3), {}, 1, 1));    // 16 filters: hybra's kernel, NCHW
+  Symbol r = max_pool2d(c, 2, 2);
+  Symbol d = relu(conv2d(r, weight(16, 16, 1)));               // read by two poolings: its ReLU stays
+  Symbol out = global_avg_pool2d(max_pool2d(d, 1, 1)) + global_max_pool2d(d);
+  // A NaN, which each ReLU and pooling passes on, in the first image.
+  std::vector<float> xv = random_normal({2, 3, 16, 12}).to_vector<float>();
+  xv[5 * 12 + 7] = std::numeric_limits<float>::quiet_NaN();
+  const Tensor input = array(xv, {2, 3, 16, 12});
+  // The bits of a float tensor: == would find a NaN unequal to itself.
+  auto bits = [](const Tensor& t) {
+    std::vector<std::uint32_t> out;
+    for (float v : t.to_vector<float>()) out.push_back(std::bit_cast<std::uint32_t>(v));
+    return out;
+  };
+  jit::Plan plan(graph::optimize(graph::trace({out})), cpu(), false, "relu into pooling");
+  CHECK(plan.relus_in_poolings() == 3);
+  const Tensor want = graph::run(graph::trace({out}), {{"x", input}})[0];
+  CHECK(std::isnan(want.to_vector<float>()[0]));
+  CHECK_FALSE(std::isnan(want.to_vector<float>()[16]));
+  CHECK(bits(plan({input})[0]) == bits(want));
+  CHECK(bits(plan({input})[0]) == bits(want));  // a second call, its buffers reused
+  // a, an output too, is read by its pooling and by the caller: the product applies its ReLU.
+  jit::Plan both(graph::optimize(graph::trace({out, a})), cpu(), false, "a kept");
+  CHECK(both.relus_in_poolings() == 2);
+  const auto got = both({input});
+  const auto wanted = graph::run(graph::trace({out, a}), {{"x", input}});
+  CHECK(bits(got[0]) == bits(wanted[0]));
+  CHECK(bits(got[1]) == bits(wanted[1]));
 }
 
 TEST_CASE("a CPU plan keeps NHWC through concatenations and loops between oneDNN's convolutions, with the bits of NCHW") {

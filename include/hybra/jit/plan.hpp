@@ -1,7 +1,7 @@
 #pragma once
 // An optimised graph compiled for one device and one input signature: a list
 // of steps (fused loops, matrix products with their epilogues, pooling on a
-// CPU, ops that write into a given buffer (ops/op.hpp's eval_into) on a CPU,
+// CPU (taking the ReLU of a product only it reads), ops that write into a given buffer (ops/op.hpp's eval_into) on a CPU,
 // sums and means on a CPU that compute a loop's value as they read it, never
 // writing it, and the eager op for anything else) over buffers planned ahead
 // of time. A
@@ -76,6 +76,8 @@ class Plan {
   std::size_t peak_bytes() const { return state_->peak_bytes; }
   std::size_t unplanned_bytes() const { return state_->unplanned_bytes; }
   std::size_t nhwc_values() const { return state_->nhwc_values; }
+  // How many poolings apply the ReLU of the product they read (move_relus_into_poolings).
+  std::size_t relus_in_poolings() const { return state_->relus_in_poolings; }
   // brief when a call is a few microseconds of work: it then runs on the
   // calling thread when its inputs are ready (engine.hpp, "Brief ops").
   engine::OpLength length() const { return state_->length; }
@@ -137,11 +139,13 @@ class Plan {
   // which it computes run by run as it reads it (the eager sum's order, so
   // the eager bits); the loop's own step is then `read`: no work, no buffer.
   enum class Kind { input, constant, fused, product, pool, into, reduce, read, launch, eager };
-  // A pool step's kernel: pool2d (or pool2d_nhwc, where its operands lie NHWC).
+  // A pool step's kernel: pool2d (or pool2d_nhwc, where its operands lie NHWC),
+  // reading the ReLU of its input where it took the product's (relu_input).
   struct Pooling {
     hybra::detail::nn::Pool2dGeometry geometry;
     bool max, count_include_pad;
     bool nhwc = false;
+    bool relu_input = false;
   };
   // A reduce step's reduction: ops/reduce.hpp's runs of its operand.
   struct Reducing {
@@ -227,7 +231,7 @@ class Plan {
     std::vector<Tensor> buffer;  // per node: its planned workspace slice, if any
     Tensor workspace;
     Tensor scratch;  // the end of the workspace: launch steps' scratch memory (they run one at a time)
-    std::size_t peak_bytes = 0, unplanned_bytes = 0, nhwc_values = 0;
+    std::size_t peak_bytes = 0, unplanned_bytes = 0, nhwc_values = 0, relus_in_poolings = 0;
     std::uint64_t draw_blocks = 0;  // the random counter blocks one call draws
     // On a GPU: per drawing launch step, the backend::cuda::DrawParams it draws from,
     // written before each call (backend::cuda::CudaLaunch::draw_blocks).
@@ -297,6 +301,7 @@ class Plan {
                                                    const std::vector<std::vector<int>>& users,
                                                    const std::vector<Step>& steps);
   void build_layouts(std::vector<Tensor>& layout);
+  void move_relus_into_poolings(const std::vector<std::vector<int>>& users);
   void build_gpu(const std::vector<Tensor>& layout);
   static std::string_view kind_name(Kind k) {
     switch (k) {
@@ -327,6 +332,7 @@ class Plan {
                  s.peak_bytes, " bytes (", s.unplanned_bytes, " unplanned), ",
                  s.length == engine::OpLength::brief ? "brief" : "not brief",
                  s.nhwc_values ? hybra::detail::concat(", ", s.nhwc_values, " values NHWC") : std::string(),
+                 s.relus_in_poolings ? hybra::detail::concat(", ", s.relus_in_poolings, " ReLUs in poolings") : std::string(),
                  s.device.kind == DeviceKind::cuda ? (s.replayable ? ", replays a CUDA graph" : ", runs its steps") : "",
                  debug::at(debug::code) ? hybra::detail::concat("\n", graph::to_string(s.graph)) : std::string());
   }
@@ -567,6 +573,7 @@ inline void Plan::build() {
     s.steps.push_back(std::move(step));
   }
   build_layouts(layout);
+  move_relus_into_poolings(users);
 
   // Lifetimes: a planned value lives from its step to the last step that
   // reads it or a view of it. Graph outputs get fresh tensors per call.
@@ -737,6 +744,27 @@ inline void Plan::build_layouts(std::vector<Tensor>& layout) {
   }
 }
 
+// A pooling that alone reads a product whose epilogue is its ReLU alone
+// (VGG's and AlexNet's layers) takes the ReLU into its reads, and the
+// product runs no epilogue: one pass fewer over the product's result, the
+// same values reduced in the same order. Only where nothing else reads the
+// product (a training graph's backward reads the ReLU's result).
+inline void Plan::move_relus_into_poolings(const std::vector<std::vector<int>>& users) {
+  auto& s = *state_;
+  for (auto& step : s.steps) {
+    if (step.kind != Kind::pool) continue;
+    const int in = s.graph.nodes[static_cast<std::size_t>(step.node)].inputs[0];
+    Step& product = s.steps[static_cast<std::size_t>(in)];
+    if (product.kind != Kind::product || !product.loop || !detail::relu_of_product(product.loop->program()) ||
+        users[static_cast<std::size_t>(in)].size() != 1 || graph::detail::is_output(s.graph, in))
+      continue;
+    product.loop.reset();
+    product.loop_inputs.clear();
+    step.pool->relu_input = true;
+    ++s.relus_in_poolings;
+  }
+}
+
 inline void Plan::build_gpu(const std::vector<Tensor>& layout) {
   auto& s = *state_;
   const auto& g = s.graph;
@@ -885,10 +913,17 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
             const T* in = static_cast<const T*>(x.raw_data());
             T* out = static_cast<T*>(dst.raw_data());
             namespace nn = hybra::detail::nn;
-            if (p.nhwc && p.max) nn::pool2d_nhwc<T, true>(in, out, p.geometry, p.count_include_pad);
-            else if (p.nhwc) nn::pool2d_nhwc<T, false>(in, out, p.geometry, p.count_include_pad);
-            else if (p.max) nn::pool2d<T, true>(in, out, p.geometry, p.count_include_pad);
-            else nn::pool2d<T, false>(in, out, p.geometry, p.count_include_pad);
+            auto pool = [&](auto max, auto relu) {
+              constexpr bool Max = decltype(max)::value, Relu = decltype(relu)::value;
+              if (p.nhwc) nn::pool2d_nhwc<T, Max, Relu>(in, out, p.geometry, p.count_include_pad);
+              else nn::pool2d<T, Max, Relu>(in, out, p.geometry, p.count_include_pad);
+            };
+            auto pool_max = [&](auto max) {
+              if (p.relu_input) pool(max, std::true_type{});
+              else pool(max, std::false_type{});
+            };
+            if (p.max) pool_max(std::true_type{});
+            else pool_max(std::false_type{});
           }
         });
         values[i] = &dst;

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "elementwise.hpp"
 #include "half.hpp"
 #include "../backend/cpu/isa.hpp"
 #include "../backend/cuda/launch.hpp"
@@ -42,6 +43,16 @@ inline T pool_op(T acc, T v) {
   else return acc + v;
 }
 
+// What a pooling reduces of an input value: the value, or (Relu) its ReLU,
+// which a captured plan moves from the epilogue of the product before the
+// pooling into the pooling's reads (jit/plan.hpp): the same values reduced
+// in the same order, without a pass over the product's result to write them.
+template <bool Relu, class T>
+inline T pool_input(T v) {
+  if constexpr (Relu) return op::relu::apply(v);
+  else return v;
+}
+
 // Eight elements at a time, as GCC vectors (one AVX register of floats).
 // Rows of small images are short (14 elements in LeNet): a loop over one
 // ends in a scalar remainder as long as itself, so pooling works in whole
@@ -54,6 +65,12 @@ struct PoolBlock {
   typedef T V __attribute__((vector_size(lanes * sizeof(T))));
 
   static void load(V& v, const T* p) { std::memcpy(&v, p, sizeof v); }
+  // load, then pool_input<Relu> of each lane (op::relu's select on v < 0, so NaN and -0 pass).
+  template <bool Relu>
+  static void load_input(V& v, const T* p) {
+    load(v, p);
+    if constexpr (Relu) v = v < V{} ? V{} : v;
+  }
   static void store(T* p, const V& v) { std::memcpy(p, &v, sizeof v); }
   // p[0], p[stride], ..., p[7 stride].
   template <int Stride>
@@ -149,8 +166,9 @@ struct PoolDivisors {
 // reduction's identity, with room past the end for pool_columns' reads),
 // then along its columns, with no bounds to check. When the windows tile
 // the padded rows exactly (Wp == OW sw, as 2x2 windows with stride 2 on an
-// even width) the second pass runs over the whole plane at once.
-template <class T, bool Max>
+// even width) the second pass runs over the whole plane at once. Relu:
+// each input value is read as pool_input<true> of it.
+template <class T, bool Max, bool Relu = false>
 void pool2d(const T* x, T* out, const Pool2dGeometry& g, bool count_include_pad) {
   const std::int64_t planes = g.N * g.C, P = g.OH * g.OW;
   // A `full` pooling's last window may run past the right padding.
@@ -179,16 +197,16 @@ void pool2d(const T* x, T* out, const Pool2dGeometry& g, bool count_include_pad)
             [&](std::int64_t w) {
               using B = PoolBlock<T>;
               typename B::V acc, v;
-              B::load(acc, src + w);
+              B::template load_input<Relu>(acc, src + w);
               for (std::int64_t r = 1; r < height; ++r) {
-                B::load(v, src + r * g.W + w);
+                B::template load_input<Relu>(v, src + r * g.W + w);
                 B::template combine<Max>(acc, v);
               }
               B::store(dst + w, acc);
             },
             [&](std::int64_t w) {
-              T acc = src[w];
-              for (std::int64_t r = 1; r < height; ++r) acc = pool_op<T, Max>(acc, src[r * g.W + w]);
+              T acc = pool_input<Relu>(src[w]);
+              for (std::int64_t r = 1; r < height; ++r) acc = pool_op<T, Max>(acc, pool_input<Relu>(src[r * g.W + w]));
               dst[w] = acc;
             });
       }
@@ -216,7 +234,7 @@ void pool2d(const T* x, T* out, const Pool2dGeometry& g, bool count_include_pad)
 // pool2d_nhwc for windows that do not overlap: each window's columns reduced
 // down its rows straight from x, in pool2d's order, the column after the
 // first through a buffer of C values.
-template <class T, bool Max>
+template <class T, bool Max, bool Relu>
 void pool2d_nhwc_in_place(const T* x, T* out, const Pool2dGeometry& g, const PoolDivisors<T>& divisors) {
   const std::int64_t C = g.C, row_size = g.W * C;
   const T identity = pool_identity<T, Max>();
@@ -239,11 +257,12 @@ void pool2d_nhwc_in_place(const T* x, T* out, const Pool2dGeometry& g, const Poo
             std::fill_n(sum, C, identity);
           } else {
             const T* column = top_row + w * C;
-            std::copy_n(column, C, sum);
+#pragma omp simd
+            for (std::int64_t c = 0; c < C; ++c) sum[c] = pool_input<Relu>(column[c]);
             for (std::int64_t r = 1; r < height; ++r) {
               const T* src = column + r * row_size;
 #pragma omp simd
-              for (std::int64_t c = 0; c < C; ++c) sum[c] = pool_op<T, Max>(sum[c], src[c]);
+              for (std::int64_t c = 0; c < C; ++c) sum[c] = pool_op<T, Max>(sum[c], pool_input<Relu>(src[c]));
             }
           }
           if (kw == 0) continue;
@@ -271,15 +290,16 @@ void pool2d_nhwc_in_place(const T* x, T* out, const Pool2dGeometry& g, const Poo
 // buffer of the rows' reductions down the window computes once; windows
 // that do not (VGG's and DenseNet's 2x2 at stride 2) are reduced from the
 // input where it lies, as the buffer would only add a pass over every row
-// (docs/benchmarks.md, "Poolings without overlap read in place").
-template <class T, bool Max>
+// (docs/benchmarks.md, "Poolings without overlap read in place"). Relu: as
+// pool2d's.
+template <class T, bool Max, bool Relu = false>
 void pool2d_nhwc(const T* x, T* out, const Pool2dGeometry& g, bool count_include_pad) {
   const std::int64_t rows = g.N * g.OH, C = g.C, row_size = g.W * C;
   if (rows == 0 || g.OW == 0 || C == 0) return;
   const T identity = pool_identity<T, Max>();
   const PoolDivisors<T> divisors(g, count_include_pad);
   if (g.KH <= g.sh && g.KW <= g.sw) {
-    pool2d_nhwc_in_place<T, Max>(x, out, g, divisors);
+    pool2d_nhwc_in_place<T, Max, Relu>(x, out, g, divisors);
     return;
   }
   std::atomic<bool> failed{false};
@@ -290,11 +310,13 @@ void pool2d_nhwc(const T* x, T* out, const Pool2dGeometry& g, bool count_include
     for (std::int64_t row = first; row < last; ++row) {
       const std::int64_t n = row / g.OH, oh = row % g.OH, top = oh * g.sh - g.ph;
       const std::int64_t r0 = std::max<std::int64_t>(0, top), r1 = std::min(g.H, top + g.KH);
-      std::copy_n(x + (n * g.H + r0) * row_size, row_size, sums);
+      const T* top_row = x + (n * g.H + r0) * row_size;
+#pragma omp simd
+      for (std::int64_t i = 0; i < row_size; ++i) sums[i] = pool_input<Relu>(top_row[i]);
       for (std::int64_t r = r0 + 1; r < r1; ++r) {
         const T* src = x + (n * g.H + r) * row_size;
 #pragma omp simd
-        for (std::int64_t i = 0; i < row_size; ++i) sums[i] = pool_op<T, Max>(sums[i], src[i]);
+        for (std::int64_t i = 0; i < row_size; ++i) sums[i] = pool_op<T, Max>(sums[i], pool_input<Relu>(src[i]));
       }
       T* dst_row = out + row * g.OW * C;
       for (std::int64_t ow = 0; ow < g.OW; ++ow) {
