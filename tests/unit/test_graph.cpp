@@ -443,6 +443,55 @@ TEST_CASE("a CPU plan's pooling takes the ReLU of the product only it reads, wit
   CHECK(bits(got[1]) == bits(wanted[1]));
 }
 
+TEST_CASE("a CPU plan's loop that other steps read sums itself as it writes, with the eager ops' bits") {
+  // BatchNorm's backward in small: d, read by a sum and two loops; the bias
+  // gradient of the data gradient dx, which a loop reads too.
+  auto x = sym::var("x", Shape{4, 8, 9, 7});
+  auto y = sym::var("y", Shape{4, 8, 9, 7});
+  auto w = sym::var("w", Shape{2, 40000});
+  Symbol d = relu(x) * y + tanh(y);
+  Symbol s = sum(d, {0, 2, 3});                                   // kept in d's loop
+  Symbol m = mean(d * x, {0, 2, 3});                              // a reduce step: a loop only it reads
+  Symbol dx = (d - reshape(s, {1, 8, 1, 1}) / 252) * reshape(m, {1, 8, 1, 1}) + d * 2;
+  Symbol bias = sum(dx, {0, 2, 3});                               // an output, kept in dx's loop
+  Symbol z = exp(dx * 0.01f);
+  Symbol e = sigmoid(w) + w;
+  Symbol total = sum(e);                                          // kept: two pieces, one a thread
+  Symbol cols = mean(e, {0});                                     // a second sum of e: eager
+  const std::vector<Symbol> outs{z, bias, total, cols, exp(e * 0.001f)};
+  std::vector<float> xv = random_normal({4, 8, 9, 7}).to_vector<float>();
+  xv[3 * 63 + 10] = std::numeric_limits<float>::quiet_NaN();      // in channel 3
+  const Tensor xi = array(xv, {4, 8, 9, 7}), yi = random_normal({4, 8, 9, 7}), wi = random_normal({2, 40000});
+  auto bits = [](const Tensor& t) {
+    std::vector<std::uint32_t> out;
+    for (float v : t.to_vector<float>()) out.push_back(std::bit_cast<std::uint32_t>(v));
+    return out;
+  };
+  jit::Plan plan(graph::optimize(graph::trace(outs)), cpu(), false, "sums in loops");
+  CHECK(plan.sums_in_loops() == 3);  // s, bias, total
+  const auto want = graph::run(graph::trace(outs), {{"x", xi}, {"y", yi}, {"w", wi}});
+  CHECK(std::isnan(want[1].to_vector<float>()[3]));
+  CHECK_FALSE(std::isnan(want[1].to_vector<float>()[2]));
+  for (int call = 0; call < 2; ++call) {  // the second reuses the first's buffers
+    const auto got = plan({xi, yi, wi});
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      CAPTURE(call);
+      CAPTURE(k);
+      CHECK(bits(got[k]) == bits(want[k]));
+    }
+  }
+  // d an output too: its loop writes it for the caller, and s is the eager sum of it; dx's sum is kept.
+  const std::vector<Symbol> with_d{bias, z, d};
+  jit::Plan kept_out(graph::optimize(graph::trace(with_d)), cpu(), false, "an output's sum");
+  CHECK(kept_out.sums_in_loops() == 1);
+  const auto got = kept_out({xi, yi});
+  const auto wanted = graph::run(graph::trace(with_d), {{"x", xi}, {"y", yi}});
+  for (std::size_t k = 0; k < with_d.size(); ++k) {
+    CAPTURE(k);
+    CHECK(bits(got[k]) == bits(wanted[k]));
+  }
+}
+
 TEST_CASE("a CPU plan keeps NHWC through concatenations and loops between oneDNN's convolutions, with the bits of NCHW") {
   auto weight = [](std::int64_t f, std::int64_t c, std::int64_t k) { return sym::constant(random_normal({f, c, k, k}, 0, 0.1)); };
   auto channel = [](std::int64_t c, double lo) { return sym::constant(random_uniform({1, c, 1, 1}, lo, lo + 1)); };
@@ -528,10 +577,14 @@ TEST_CASE("a CPU plan sums a loop's value as it computes it, never writing it, w
   };
   const graph::Graph optimised = graph::optimize(graph::trace(outs));
   jit::Plan plan(optimised, cpu(), false, "sums of loops");
-  // Planned: c, x * 2 and x - 1 (3392 bytes each: 840 floats) and the
-  // variance (64, an output views it); eager sums make their own. No loop
-  // a sum alone reads has a buffer.
-  CHECK(plan.unplanned_bytes() == 3 * 3392 + 64);
+  // Planned: c, x * 2 and x - 1 (3392 bytes each: 840 floats), the
+  // variance (64, an output views it) and the sum over H of x - 1, which
+  // that loop computes as it writes (704: 168 floats; the sum over W, a
+  // second of that loop, is eager and makes its own). c's loop computes
+  // sum(c, {1}) into the caller's output. No loop a sum alone reads has a
+  // buffer.
+  CHECK(plan.unplanned_bytes() == 3 * 3392 + 64 + 704);
+  CHECK(plan.sums_in_loops() == 2);
   // The reference: the same plan with each of those loops also an output, so written and summed by the eager op.
   std::vector<Symbol> with_loops = outs;
   with_loops.insert(with_loops.end(), loops.begin(), loops.end());
@@ -610,8 +663,10 @@ TEST_CASE("memory planning reuses buffers whose values are dead, and the plan's 
   auto y = sym::var("y", Shape{1024});
   Symbol a = exp(y), d = log(softmax(a)) * a, e = d * sum(d);
   jit::Plan chain(graph::optimize(graph::trace({e})), cpu(), false, "chain");
-  CHECK(chain.unplanned_bytes() == 2 * 1024 * sizeof(float));
-  CHECK(chain.peak_bytes() == 1024 * sizeof(float));
+  // And d's sum, which d's loop computes as it writes d, a slice of its own (64 bytes).
+  CHECK(chain.sums_in_loops() == 1);
+  CHECK(chain.unplanned_bytes() == 2 * 1024 * sizeof(float) + 64);
+  CHECK(chain.peak_bytes() == 1024 * sizeof(float) + 64);
   Tensor yv = random_normal({1024});
   CHECK(max_rel_diff(chain({yv})[0], graph::run(graph::trace({e}), {{"y", yv}})[0]) <= 1e-6);
 }

@@ -78,6 +78,8 @@ class Plan {
   std::size_t nhwc_values() const { return state_->nhwc_values; }
   // How many poolings apply the ReLU of the product they read (move_relus_into_poolings).
   std::size_t relus_in_poolings() const { return state_->relus_in_poolings; }
+  // How many sums a loop's step computes as it writes its value (keep_sums_in_loops).
+  std::size_t sums_in_loops() const { return state_->sums_in_loops; }
   // brief when a call is a few microseconds of work: it then runs on the
   // calling thread when its inputs are ready (engine.hpp, "Brief ops").
   engine::OpLength length() const { return state_->length; }
@@ -138,6 +140,8 @@ class Plan {
   // reduce: a sum or mean whose operand is a loop only it reads (on a CPU),
   // which it computes run by run as it reads it (the eager sum's order, so
   // the eager bits); the loop's own step is then `read`: no work, no buffer.
+  // A sum of a loop other steps read too is computed by the loop's fused
+  // step as it writes (sums_into); the sum's own step is then `read`.
   enum class Kind { input, constant, fused, product, pool, into, reduce, read, launch, eager };
   // A pool step's kernel: pool2d (or pool2d_nhwc, where its operands lie NHWC),
   // reading the ReLU of its input where it took the product's (relu_input).
@@ -152,17 +156,24 @@ class Plan {
     std::vector<hybra::detail::reduce::run> runs;
     std::int64_t count;
     bool mean;
-    // The loop's value, which in[k] (its operands) make, reduced into out.
-    void run(const backend::cpu::FusedLoop& loop, const void* const* in, const Tensor& out) const {
+    // The loop's value, which in[k] (its operands) make, reduced into out;
+    // and written into `kept` as it is read, where that is given.
+    void run(const backend::cpu::FusedLoop& loop, const void* const* in, const Tensor& out,
+             void* kept = nullptr) const {
       dispatch(loop.program().dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
         if constexpr (std::is_floating_point_v<T>) {
-          const LoopValues<T> values{loop, reinterpret_cast<const T* const*>(in)};
-          namespace reduce = hybra::detail::reduce;
-          if (mean) reduce::reduce_into<reduce::Reduction::mean>(values, out, runs, count);
-          else reduce::reduce_into<reduce::Reduction::sum>(values, out, runs, count);
+          const auto* operands = reinterpret_cast<const T* const*>(in);
+          if (kept) reduce(KeptLoopValues<T>{loop, operands, static_cast<T*>(kept)}, out);
+          else reduce(LoopValues<T>{loop, operands}, out);
         }
       });
+    }
+    template <class Source>
+    void reduce(const Source& values, const Tensor& out) const {
+      namespace reduce = hybra::detail::reduce;
+      if (mean) reduce::reduce_into<reduce::Reduction::mean>(values, out, runs, count);
+      else reduce::reduce_into<reduce::Reduction::sum>(values, out, runs, count);
     }
   };
   // A loop's value as ops/reduce.hpp's source: computed run by run.
@@ -175,6 +186,17 @@ class Plan {
     const T* const* in;
     backend::cpu::FusedLoop::Reader<T> open() const { return {loop, in}; }
   };
+  // The same, computed where the loop writes its value: a sum's first pass
+  // asks for every element once (ops/reduce.hpp's reduce_3d), so the value is
+  // whole when the sum is, with the bits the loop writes.
+  template <class T>
+  struct KeptLoopValues {
+    using value_type = T;
+    const backend::cpu::FusedLoop& loop;
+    const T* const* in;
+    T* kept;
+    backend::cpu::FusedLoop::Reader<T> open() const { return {loop, in, kept}; }
+  };
   struct Step {
     Kind kind;
     int node;
@@ -184,7 +206,8 @@ class Plan {
     hybra::detail::nn::ConvLayouts conv_layouts{};            // and where its input and result keep their channels
     std::optional<Pooling> pool{};                            // a pool step's
     decltype(graph::OpDef::eval_into) into = nullptr;         // an into step's op
-    std::optional<Reducing> reducing{};                       // a reduce step's
+    std::optional<Reducing> reducing{};                       // a reduce step's, or the sum a fused step keeps
+    int sums_into = -1;                                       // a fused step: the node of the sum it keeps
     bool view = false;                // an eager step whose value is a view of an input (no work)
     // A view step's value as the plan found it: a view of input `source` at
     // `offset` elements from it, taken directly rather than through the op,
@@ -231,7 +254,7 @@ class Plan {
     std::vector<Tensor> buffer;  // per node: its planned workspace slice, if any
     Tensor workspace;
     Tensor scratch;  // the end of the workspace: launch steps' scratch memory (they run one at a time)
-    std::size_t peak_bytes = 0, unplanned_bytes = 0, nhwc_values = 0, relus_in_poolings = 0;
+    std::size_t peak_bytes = 0, unplanned_bytes = 0, nhwc_values = 0, relus_in_poolings = 0, sums_in_loops = 0;
     std::uint64_t draw_blocks = 0;  // the random counter blocks one call draws
     // On a GPU: per drawing launch step, the backend::cuda::DrawParams it draws from,
     // written before each call (backend::cuda::CudaLaunch::draw_blocks).
@@ -298,10 +321,11 @@ class Plan {
 
   void build();
   static std::optional<Reducing> reduction_of_loop(const graph::Graph& g, std::size_t i,
-                                                   const std::vector<std::vector<int>>& users,
                                                    const std::vector<Step>& steps);
   void build_layouts(std::vector<Tensor>& layout);
   void move_relus_into_poolings(const std::vector<std::vector<int>>& users);
+  void keep_sums_in_loops(const std::vector<std::vector<int>>& users, const std::vector<Tensor>& layout,
+                          std::vector<bool>& planned);
   void build_gpu(const std::vector<Tensor>& layout);
   static std::string_view kind_name(Kind k) {
     switch (k) {
@@ -333,6 +357,7 @@ class Plan {
                  s.length == engine::OpLength::brief ? "brief" : "not brief",
                  s.nhwc_values ? hybra::detail::concat(", ", s.nhwc_values, " values NHWC") : std::string(),
                  s.relus_in_poolings ? hybra::detail::concat(", ", s.relus_in_poolings, " ReLUs in poolings") : std::string(),
+                 s.sums_in_loops ? hybra::detail::concat(", ", s.sums_in_loops, " sums in loops") : std::string(),
                  s.device.kind == DeviceKind::cuda ? (s.replayable ? ", replays a CUDA graph" : ", runs its steps") : "",
                  debug::at(debug::code) ? hybra::detail::concat("\n", graph::to_string(s.graph)) : std::string());
   }
@@ -456,11 +481,9 @@ inline engine::OpLength length_of(const graph::Graph& g, const std::vector<Tenso
 
 }  // namespace detail
 
-// Node i as a reduce step: a sum or mean (on a CPU) of a float loop's value
-// that only it reads, not an output, with at least two elements to each
-// result (the eager op's special cases stay its own).
+// Node i as a sum or mean (on a CPU) of a float loop's value, with at least
+// two elements to each result (the eager op's special cases stay its own).
 inline std::optional<Plan::Reducing> Plan::reduction_of_loop(const graph::Graph& g, std::size_t i,
-                                                             const std::vector<std::vector<int>>& users,
                                                              const std::vector<Step>& steps) {
   const auto& n = g.nodes[i];
   if ((n.op != "sum" && n.op != "mean") || n.body) return std::nullopt;
@@ -468,8 +491,8 @@ inline std::optional<Plan::Reducing> Plan::reduction_of_loop(const graph::Graph&
   const auto j = static_cast<std::size_t>(operand);
   const Shape& shape = *g.nodes[j].meta.shape;
   const DType dtype = *g.nodes[j].meta.dtype;
-  if (steps[j].kind != Kind::fused || users[j].size() != 1 || graph::detail::is_output(g, operand) ||
-      !is_floating(dtype) || is_half(dtype) || n.meta.dtype != dtype || checked_numel(*n.meta.shape) == 0)
+  if (steps[j].kind != Kind::fused || !is_floating(dtype) || is_half(dtype) || n.meta.dtype != dtype ||
+      checked_numel(*n.meta.shape) == 0)
     return std::nullopt;
   const auto mask = hybra::detail::reduce::axis_mask(shape, op::optional_tuple_attr(n.attrs, "axis", n.op), n.op);
   std::int64_t count = 1;
@@ -489,6 +512,9 @@ inline void Plan::build() {
   std::vector<int> alias(count, -1);  // a view of which node's buffer
   std::vector<bool> planned(count, false);
   autograd::mode_scope mode(s.training);
+  auto only_reader = [&](int operand) {
+    return users[static_cast<std::size_t>(operand)].size() == 1 && !graph::detail::is_output(g, operand);
+  };
   for (std::size_t i = 0; i < count; ++i) {
     const auto& n = g.nodes[i];
     if (!n.meta.shape || !n.meta.dtype)
@@ -512,8 +538,9 @@ inline void Plan::build() {
       kind = Kind::eager;  // the 16-bit floats: the eager op computes them in float32 (ops/half.hpp)
     } else if (s.device.kind == DeviceKind::cpu && graph::find_op(n.op).eval_into) {
       kind = Kind::into;  // into its planned buffer: a fresh tensor per call costs its page faults
-    } else if (s.device.kind == DeviceKind::cpu && (reducing = reduction_of_loop(g, i, users, s.steps))) {
-      kind = Kind::reduce;
+    } else if (s.device.kind == DeviceKind::cpu && (reducing = reduction_of_loop(g, i, s.steps)) &&
+               only_reader(n.inputs.front())) {
+      kind = Kind::reduce;  // of a loop that only it reads, not an output
     } else {
       // On a GPU, fully_connected of a 2-d input is a product step (cuBLASLt);
       // other ops run their launches where they have them, else their eager op.
@@ -574,6 +601,7 @@ inline void Plan::build() {
   }
   build_layouts(layout);
   move_relus_into_poolings(users);
+  keep_sums_in_loops(users, layout, planned);
 
   // Lifetimes: a planned value lives from its step to the last step that
   // reads it or a view of it. Graph outputs get fresh tensors per call.
@@ -605,6 +633,10 @@ inline void Plan::build() {
     if (s.device.kind != DeviceKind::cuda) planned[static_cast<std::size_t>(o)] = false;
     last_use[owner(o)] = count;
   }
+  // A kept sum is written at its loop's step, before its own place: no
+  // value before it may share its slice.
+  for (const auto& step : s.steps)
+    if (step.sums_into >= 0) last_use[static_cast<std::size_t>(step.sums_into)] = count;
   struct Slice {
     std::size_t offset, bytes;
   };
@@ -765,6 +797,38 @@ inline void Plan::move_relus_into_poolings(const std::vector<std::vector<int>>& 
   }
 }
 
+// A sum or mean of a loop that other steps read too (BatchNorm's sum(dy)
+// over the ReLU gradient, which its other gradient loops read; a
+// convolution's bias gradient over the data gradient BatchNorm's loop wrote) is computed by
+// the loop's step as it writes the loop's value: one pass fewer over that
+// value, the same values summed in the same order as the eager sum of it.
+// Only where the value and the loop's operands lie as a sum reads them
+// (contiguous: channels_last.hpp left them NCHW), the value is not an output
+// and its loop keeps no other sum.
+inline void Plan::keep_sums_in_loops(const std::vector<std::vector<int>>& users, const std::vector<Tensor>& layout,
+                                     std::vector<bool>& planned) {
+  auto& s = *state_;
+  if (s.device.kind != DeviceKind::cpu) return;
+  auto contiguous = [&](int k) { return k >= 0 && layout[static_cast<std::size_t>(k)].is_contiguous(); };
+  for (auto& step : s.steps) {
+    if (step.kind != Kind::eager || step.view || step.loop) continue;
+    const auto i = static_cast<std::size_t>(step.node);
+    auto reducing = reduction_of_loop(s.graph, i, s.steps);
+    if (!reducing) continue;
+    const int operand = s.graph.nodes[i].inputs.front();
+    Step& loop = s.steps[static_cast<std::size_t>(operand)];
+    if (users[static_cast<std::size_t>(operand)].size() < 2 || graph::detail::is_output(s.graph, operand) ||
+        loop.sums_into >= 0 || !contiguous(operand) || !contiguous(step.node) ||
+        !std::all_of(loop.loop_inputs.begin(), loop.loop_inputs.end(), contiguous))
+      continue;
+    loop.reducing = std::move(reducing);
+    loop.sums_into = step.node;
+    step.kind = Kind::read;
+    planned[i] = true;
+    ++s.sums_in_loops;
+  }
+}
+
 inline void Plan::build_gpu(const std::vector<Tensor>& layout) {
   auto& s = *state_;
   const auto& g = s.graph;
@@ -839,6 +903,12 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
     const Kind k = steps[static_cast<std::size_t>(id)].kind;
     return k == Kind::input || k == Kind::constant ? w.storage().get() : nullptr;
   };
+  // A reduce step's, or a fused step's that keeps a sum: its loop reads no value of its own.
+  auto operands = [&](const Step& step) {
+    boost::container::small_vector<const void*, 8> ptrs;
+    for (int k : step.loop_inputs) ptrs.push_back(values[static_cast<std::size_t>(k)]->raw_data());
+    return ptrs;
+  };
   auto run_loop = [&](const Step& step, const Tensor& own, const Tensor& dst) {
     boost::container::small_vector<const void*, 8> ptrs;
     for (int k : step.loop_inputs) ptrs.push_back((k < 0 ? own : *values[static_cast<std::size_t>(k)]).raw_data());
@@ -863,16 +933,20 @@ inline void Plan::State::run_steps(const std::vector<Tensor>& inputs, const Outp
       case Kind::constant:
         break;
       case Kind::fused:
-        run_loop(step, {}, target(i));
+        if (step.sums_into >= 0) {
+          const auto sum = static_cast<std::size_t>(step.sums_into);
+          step.reducing->run(*step.loop, operands(step).data(), target(sum), target(i).raw_data());
+          values[sum] = &target(sum);
+        } else {
+          run_loop(step, {}, target(i));
+        }
         values[i] = &target(i);
         break;
       case Kind::read:
         break;
       case Kind::reduce: {
         const Tensor& dst = target(i);
-        boost::container::small_vector<const void*, 8> ptrs;
-        for (int k : step.loop_inputs) ptrs.push_back(values[static_cast<std::size_t>(k)]->raw_data());
-        step.reducing->run(*step.loop, ptrs.data(), dst);
+        step.reducing->run(*step.loop, operands(step).data(), dst);
         values[i] = &dst;
         break;
       }

@@ -72,20 +72,29 @@ struct in_memory {
 
 inline constexpr i64 pairwise_block = 128;
 // The most elements a sum or mean asks a cursor for at once: a row's columns
-// (reduce_3d's task width) or a pairwise block.
+// (reduce_3d's task width) or a part of a row that the pairwise halving reaches.
 inline constexpr i64 longest_run = 1024;
 
-// Elements [at, at + n) summed pairwise; a computed operand is asked for
-// runs of at most pairwise_block elements.
-template <class Acc, class Cursor>
-Acc pairwise_sum(Cursor& cur, i64 at, i64 n) {
+// The n elements at p summed pairwise.
+template <class Acc, class T>
+Acc pairwise_sum(const T* p, i64 n) {
   if (n <= pairwise_block) {
-    const auto* p = cur.run(at, n);
     Acc s = 0;
 #pragma omp simd reduction(+ : s)
     for (i64 i = 0; i < n; ++i) s += load<Acc>(p[i]);
     return s;
   }
+  const i64 half = n / 2 / 16 * 16;
+  return pairwise_sum<Acc>(p, half) + pairwise_sum<Acc>(p + half, n - half);
+}
+
+// Elements [at, at + n) of a cursor summed pairwise, in the same order: a
+// computed operand is asked for runs of at most longest_run elements, each
+// the whole of a part the halving reaches, so that it computes them in
+// long blocks (a sum that writes its loop's value computes each run there).
+template <class Acc, class Cursor>
+Acc pairwise_sum(Cursor& cur, i64 at, i64 n) {
+  if (n <= longest_run) return pairwise_sum<Acc>(cur.run(at, n), n);
   const i64 half = n / 2 / 16 * 16;
   return pairwise_sum<Acc>(cur, at, half) + pairwise_sum<Acc>(cur, at + half, n - half);
 }

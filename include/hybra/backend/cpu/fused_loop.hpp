@@ -261,7 +261,11 @@ class FusedLoop {
   class Reader {
    public:
     static constexpr std::int64_t capacity = 1024;  // the longest run
-    Reader(const FusedLoop& loop, const T* const* in) : loop_(loop), in_(in), regs_(loop.p_) {}
+    // into: where the result lies. Runs are then computed there, each just
+    // the elements asked for (a sum that writes the loop's value as it reads
+    // it, jit/plan.hpp: each thread writes only the runs it asks for).
+    Reader(const FusedLoop& loop, const T* const* in, T* into = nullptr)
+        : loop_(loop), in_(in), into_(into), regs_(loop.p_) {}
     // Elements [at, at + n) of the result, n <= capacity. They are computed
     // `capacity` at a time from the first one asked for, so that a reader of
     // short runs in order (rows of a few elements, a sum's pairwise blocks)
@@ -271,28 +275,41 @@ class FusedLoop {
     // planes) then computes none twice, and a broadcast operand is filled
     // once per row, not per block.
     const T* run(std::int64_t at, std::int64_t n) {
+      if (into_) {
+        compute(at, n, into_ + at);
+        return into_ + at;
+      }
       if (at < from_ || at + n > from_ + count_) {
         const auto& plan = *loop_.plan_;
-        const std::int64_t from = at % plan.inner;
         from_ = at;
         count_ = std::min(capacity, loop_.size_ - at);
-        if (plan.inner >= detail::block && from + n <= plan.inner) {
-          count_ = std::min(count_, plan.inner - from);
-          plan.locate_row(at / plan.inner, 0, off_.data());
-          for (std::int64_t b = 0; b < count_; b += detail::block)
-            regs_.block(plan, in_, off_.data(), from + b, std::min(detail::block, count_ - b), values_.data() + b);
-        } else {
-          for (std::int64_t b = 0; b < count_; b += detail::block)
-            regs_.span(plan, loop_.dense(), loop_.same_rows(), in_, at + b, std::min(detail::block, count_ - b),
-                       values_.data() + b, off_.data());
-        }
+        if (plan.inner >= detail::block && at % plan.inner + n <= plan.inner)
+          count_ = std::min(count_, plan.inner - at % plan.inner);
+        compute(at, count_, values_.data());
       }
       return values_.data() + (at - from_);
     }
 
    private:
+    // Elements [at, at + n) into dst: block by block along one row where
+    // they lie in one, else span by span across rows.
+    void compute(std::int64_t at, std::int64_t n, T* dst) {
+      const auto& plan = *loop_.plan_;
+      const std::int64_t from = at % plan.inner;
+      if (plan.inner >= detail::block && from + n <= plan.inner) {
+        plan.locate_row(at / plan.inner, 0, off_.data());
+        for (std::int64_t b = 0; b < n; b += detail::block)
+          regs_.block(plan, in_, off_.data(), from + b, std::min(detail::block, n - b), dst + b);
+      } else {
+        for (std::int64_t b = 0; b < n; b += detail::block)
+          regs_.span(plan, loop_.dense(), loop_.same_rows(), in_, at + b, std::min(detail::block, n - b), dst + b,
+                     off_.data());
+      }
+    }
+
     const FusedLoop& loop_;
     const T* const* in_;
+    T* into_;
     Registers<T> regs_;
     boost::container::small_vector<std::int64_t, 9> off_ = boost::container::small_vector<std::int64_t, 9>(
         static_cast<std::size_t>(loop_.p_.inputs) + 1);
